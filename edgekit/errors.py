@@ -1,0 +1,101 @@
+"""Every error edgekit raises, in one place.
+
+Each error carries what went wrong (the message), and what to do about it (``hint``).
+Backend exceptions are translated at the boundary (``raise ModelFormatError(...) from exc``),
+so callers catch edgekit errors only, and the CLI renders any of them as one short screen
+and a non-zero exit code.
+
+Hierarchy::
+
+    EdgekitError
+    ├── ModelError                  a model could not be read or is not supported
+    │   ├── ModelNotFoundError      the path does not exist or holds no model
+    │   ├── ModelFormatError        a file is corrupt, truncated or of the wrong kind
+    │   ├── UnsafeModelError        a pickle checkpoint (loading it would run code)
+    │   └── UnsupportedArchitectureError
+    ├── ProfileError                a device profile is missing or invalid
+    │   ├── ProfileNotFoundError
+    │   └── ProfileSchemaError      unknown keys, missing keys, wrong types
+    ├── ProbeError                  a host probe part failed (the probe itself reports, not raises)
+    └── TargetError                 a runtime target is unknown or cannot run here
+        └── TargetUnavailableError  its SDK or hardware is missing
+"""
+
+from __future__ import annotations
+
+
+class EdgekitError(Exception):
+    """Base class: a message for what went wrong and a hint for what to do."""
+
+    default_hint = ""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+
+    def __str__(self) -> str:
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+    def to_dict(self) -> dict[str, str]:
+        """The error as JSON-ready data, for ``--json`` output."""
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint}
+
+
+class ModelError(EdgekitError):
+    """A model could not be read or is not supported."""
+
+
+class ModelNotFoundError(ModelError):
+    """The path does not exist, or holds nothing edgekit recognises as a model."""
+
+    default_hint = (
+        "pass a Hugging Face model folder (config.json + *.safetensors) or a .gguf file"
+    )
+
+
+class ModelFormatError(ModelError):
+    """A model file is corrupt, truncated, or not the format its name claims."""
+
+    default_hint = "the file may be incomplete: download or export it again"
+
+
+class UnsafeModelError(ModelError):
+    """A checkpoint that can only be read by unpickling, which runs arbitrary code."""
+
+    default_hint = (
+        "convert it to safetensors in a trusted environment first, e.g. "
+        "AutoModelForCausalLM.from_pretrained(path).save_pretrained(out, safe_serialization=True)"
+    )
+
+
+class UnsupportedArchitectureError(ModelError):
+    """The model's architecture is not one edgekit knows how to handle."""
+
+
+class ProfileError(EdgekitError):
+    """A device profile is missing or invalid."""
+
+
+class ProfileNotFoundError(ProfileError):
+    """No device profile of that name."""
+
+    default_hint = "run `edgekit profiles` to list the known devices"
+
+
+class ProfileSchemaError(ProfileError):
+    """A device profile file does not match the schema."""
+
+    default_hint = "see docs/profiles.md for the profile schema"
+
+
+class ProbeError(EdgekitError):
+    """One part of the host probe failed; the probe reports these rather than raising."""
+
+
+class TargetError(EdgekitError):
+    """A runtime target is unknown or cannot run here."""
+
+
+class TargetUnavailableError(TargetError):
+    """The target's SDK or hardware is not present on this host."""

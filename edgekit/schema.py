@@ -1,0 +1,91 @@
+"""Build frozen dataclasses from TOML/JSON data, strictly.
+
+The dataclass is the schema: its field names are the keys, its type hints the types.
+Unknown keys are rejected and listed (never dropped silently), missing required keys are
+named, and every error says where in the document it happened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar
+
+from edgekit.errors import ProfileSchemaError
+
+T = TypeVar("T")
+
+
+def build(cls: type[T], data: Any, where: str) -> T:
+    """Instantiate dataclass ``cls`` from ``data``, validating keys and types.
+
+    Raises:
+        ProfileSchemaError: unknown or missing keys, or a value of the wrong type.
+    """
+    if not isinstance(data, dict):
+        raise ProfileSchemaError(f"{where}: expected a table, found {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ProfileSchemaError(
+            f"{where}: unknown key(s) {', '.join(unknown)}",
+            hint=f"allowed keys: {', '.join(sorted(fields))}",
+        )
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in data:
+            required = (
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            )
+            if required:
+                raise ProfileSchemaError(f"{where}: missing required key {name!r}")
+            continue
+        values[name] = _convert(hints[name], data[name], f"{where}.{name}")
+    return cls(**values)
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, where)
+            except ProfileSchemaError as exc:
+                errors.append(exc.message)
+        raise ProfileSchemaError(errors[0] if len(errors) == 1 else f"{where}: wrong type")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ProfileSchemaError(
+                f"{where}: {value!r} is not one of {', '.join(repr(a) for a in args)}"
+            )
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ProfileSchemaError(f"{where}: expected a list, found {type(value).__name__}")
+        item = args[0]
+        return tuple(_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProfileSchemaError(f"{where}: expected a table, found {type(value).__name__}")
+        return {str(k): _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, where)  # type: ignore[arg-type]
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is Any or isinstance(value, tp):
+        return value
+    raise ProfileSchemaError(
+        f"{where}: expected {getattr(tp, '__name__', tp)}, found {type(value).__name__} {value!r}"
+    )

@@ -1,0 +1,55 @@
+"""Shared fixtures.
+
+With EDGEKIT_STRICT=1 (set by .ci/test), a fixture whose dependency is missing fails the
+test instead of skipping it: CI must not go green by skipping what set-up should install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+STRICT = os.environ.get("EDGEKIT_STRICT") == "1"
+
+
+def require(module: str, why: str) -> None:
+    """Skip (or, in strict mode, fail) when ``module`` is not importable."""
+    if importlib.util.find_spec(module) is None:
+        message = f"{module} is not installed: {why}"
+        if STRICT:
+            pytest.fail(message + " (EDGEKIT_STRICT=1: set-up should have installed it)")
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def default_gguf() -> Path:
+    """The embedded default model, SmolLM2-135M-Instruct Q4_1."""
+    from edgekit.default_model import default_model_path
+    from edgekit.errors import ModelNotFoundError
+
+    try:
+        return default_model_path()
+    except ModelNotFoundError as exc:
+        if STRICT:
+            pytest.fail(f"{exc} (EDGEKIT_STRICT=1)")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face export of the default model, written by transformers from the GGUF
+    (dequantized to fp32, about 540 MB). Built once per test session."""
+    require("torch", "the Hugging Face export needs torch")
+    require("transformers", "the Hugging Face export needs transformers")
+    require("gguf", "transformers reads GGUF through the gguf package")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("smollm2-hf")
+    folder, name = str(default_gguf.parent), default_gguf.name
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+    return out
