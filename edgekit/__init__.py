@@ -25,7 +25,19 @@ _EXPORTS = {
     "EdgekitError": "edgekit.errors",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [
+    "DeviceProfile",
+    "EdgekitError",
+    "HostReport",
+    "ModelSpec",
+    "TensorInfo",
+    "__version__",
+    "default_model_path",
+    "inspect_model",
+    "load_profile",
+    "probe_host",
+    "profile_names",
+]
 
 if TYPE_CHECKING:
     from edgekit.default_model import default_model_path

@@ -180,7 +180,9 @@ def expected_tensors(
     """The tensors a Hugging Face checkpoint of this family and size holds, in HF names."""
     h, hd, f = dims.hidden_size, dims.head_dim, dims.ffn_size
     q, kv = dims.heads * hd, dims.kv_heads * hd
-    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (dims.vocab_size, h))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [
+        ("model.embed_tokens.weight", (dims.vocab_size, h))
+    ]
     for i in range(dims.layers):
         p = f"model.layers.{i}."
         if family.fused_projections:
@@ -198,14 +200,20 @@ def expected_tensors(
                 (p + "self_attn.v_proj.bias", (kv,)),
             ]
         if family.qk_norm:
-            shapes += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
+            shapes += [
+                (p + "self_attn.q_norm.weight", (hd,)),
+                (p + "self_attn.k_norm.weight", (hd,)),
+            ]
         shapes.append((p + "self_attn.o_proj.weight", (h, q)))
         if family.fused_projections:
             shapes.append((p + "mlp.gate_up_proj.weight", (2 * f, h)))
         else:
             shapes += [(p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h))]
         shapes.append((p + "mlp.down_proj.weight", (h, f)))
-        shapes += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
+        shapes += [
+            (p + "input_layernorm.weight", (h,)),
+            (p + "post_attention_layernorm.weight", (h,)),
+        ]
         if family.sandwich_norms:
             shapes += [
                 (p + "pre_feedforward_layernorm.weight", (h,)),

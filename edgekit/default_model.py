@@ -28,6 +28,4 @@ def default_model_path() -> Path:
         candidate = Path(location) / FILENAME
         if candidate.is_file():
             return candidate
-    raise ModelNotFoundError(
-        f"the default model ({FILENAME}) is not installed", hint=INSTALL_HINT
-    )
+    raise ModelNotFoundError(f"the default model ({FILENAME}) is not installed", hint=INSTALL_HINT)

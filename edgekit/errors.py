@@ -49,9 +49,7 @@ class ModelError(EdgekitError):
 class ModelNotFoundError(ModelError):
     """The path does not exist, or holds nothing edgekit recognises as a model."""
 
-    default_hint = (
-        "pass a Hugging Face model folder (config.json + *.safetensors) or a .gguf file"
-    )
+    default_hint = "pass a Hugging Face model folder (config.json + *.safetensors) or a .gguf file"
 
 
 class ModelFormatError(ModelError):

@@ -89,7 +89,9 @@ class _Parts:
             value = fn()
         except Exception as exc:  # a probe part must never take the probe down
             log.debug("probe part %s failed", name, exc_info=True)
-            self.results.append(ProbePart(name=name, ok=False, detail=f"{type(exc).__name__}: {exc}"))
+            self.results.append(
+                ProbePart(name=name, ok=False, detail=f"{type(exc).__name__}: {exc}")
+            )
             return default
         self.results.append(ProbePart(name=name, ok=True, detail=describe(value)))
         return value
@@ -115,38 +117,46 @@ def probe_host(*, measure: bool = False, root: Path = Path("/")) -> HostReport:
     )
     bandwidth: float | None = None
     if measure:
-        bandwidth = parts.run(
-            "bandwidth", measure_copy_bandwidth, None, lambda b: f"copy {b:.1f} GB/s (measured)"
+        bandwidth = (
+            parts.run(
+                "bandwidth", measure_copy_bandwidth, 0.0, lambda b: f"copy {b:.1f} GB/s (measured)"
+            )
+            or None
         )
-    board = parts.run("board", lambda: read_board_model(root), None, lambda b: b or "none")
+    no_board: str | None = None
+    board = parts.run("board", lambda: read_board_model(root), no_board, lambda b: b or "none")
     jetson = parts.run(
         "jetson",
         lambda: read_jetson(root),
         None,
         lambda j: f"{j.model}, power mode {j.power_mode}" if j else "not a Jetson",
     )
+    no_gpus: tuple[NvidiaGpu, ...] = ()
     gpus = parts.run(
         "nvidia",
         list_nvidia_gpus,
-        (),
+        no_gpus,
         lambda g: ", ".join(x.name for x in g) or "NVML sees no GPU",
     )
+    no_devices: tuple[OpenVinoDevice, ...] = ()
     ov_devices = parts.run(
         "openvino-devices",
         list_openvino_devices,
-        (),
+        no_devices,
         lambda d: ", ".join(f"{x.device} ({x.name})" for x in d),
     )
+    no_sensors: tuple[SensorFacts, ...] = ()
     sensors = parts.run(
         "sensors",
         lambda: read_sensors(root),
-        (),
+        no_sensors,
         lambda s: ", ".join(x.name for x in s if x.readable) or "no readable power sensor",
     )
+    no_targets: tuple[TargetStatus, ...] = ()
     targets = parts.run(
         "targets",
         all_target_status,
-        (),
+        no_targets,
         lambda t: ", ".join(x.name for x in t if x.usable) or "no usable target",
     )
     profile = _host_profile(cpu, mem, bandwidth, jetson, gpus, ov_devices, sensors, targets, root)
@@ -222,7 +232,9 @@ def _host_profile(
     for d in ov_devices:
         if d.device.startswith(("GPU", "NPU")):
             accelerators.append(
-                Accelerator(kind="npu" if d.device == "NPU" else "gpu", name=d.name, runtime_device=d.device)
+                Accelerator(
+                    kind="npu" if d.device == "NPU" else "gpu", name=d.name, runtime_device=d.device
+                )
             )
     watts = cpu.physical_cores * _WATTS_PER_CORE.get(arch, 5.0)
     total_gib = mem.total_bytes / GIB
@@ -263,4 +275,3 @@ def _host_profile(
         sensors=tuple(s.name for s in sensors if s.readable),
         sources=("probe",) + (("measured bandwidth",) if bandwidth else ()),
     )
-

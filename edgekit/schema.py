@@ -36,9 +36,7 @@ def build(cls: type[T], data: Any, where: str) -> T:
     values: dict[str, Any] = {}
     for name, f in fields.items():
         if name not in data:
-            required = (
-                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            )
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             if required:
                 raise ProfileSchemaError(f"{where}: missing required key {name!r}")
             continue

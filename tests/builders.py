@@ -15,8 +15,16 @@ from edgekit.ggml_types import SAFETENSORS_DTYPE_SIZES
 
 FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"]},
-    "mistral": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 4096},
-    "qwen2": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "tie_word_embeddings": True},
+    "mistral": {
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "sliding_window": 4096,
+    },
+    "qwen2": {
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "tie_word_embeddings": True,
+    },
     "qwen3": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 32},
     "phi3": {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "sliding_window": 2047},
     "gemma3": {
@@ -84,6 +92,7 @@ def write_hf_folder(
 
 
 # --- GGUF ---------------------------------------------------------------------------
+
 
 def _str(s: str) -> bytes:
     b = s.encode()

@@ -8,8 +8,21 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "textual", "llama_cpp", "openvino", "openvino_genai", "onnxruntime",
-         "onnxruntime_genai", "mlx", "mlx_lm", "transformers", "tensorrt", "numpy", "gguf")
+HEAVY = (
+    "torch",
+    "textual",
+    "llama_cpp",
+    "openvino",
+    "openvino_genai",
+    "onnxruntime",
+    "onnxruntime_genai",
+    "mlx",
+    "mlx_lm",
+    "transformers",
+    "tensorrt",
+    "numpy",
+    "gguf",
+)
 
 PROBE = """
 import json, sys, time

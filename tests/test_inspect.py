@@ -57,8 +57,13 @@ def test_each_family_from_headers(tmp_path: Path, family: str, shards: int) -> N
     tensors = {t.name: (t.shape, "BF16") for t in expected_tensors(fam, dims)}
     folder = write_hf_folder(tmp_path / family, config, tensors, shards=shards)
     (folder / "tokenizer.json").write_text(
-        json.dumps({"added_tokens": [], "pre_tokenizer": {"type": "ByteLevel"},
-                    "model": {"type": "BPE", "vocab": {}, "merges": []}})
+        json.dumps(
+            {
+                "added_tokens": [],
+                "pre_tokenizer": {"type": "ByteLevel"},
+                "model": {"type": "BPE", "vocab": {}, "merges": []},
+            }
+        )
     )
 
     spec = inspect_model(folder)
@@ -160,10 +165,14 @@ def test_inspect_reads_headers_only(default_gguf: Path) -> None:
 
 # --- bad input ----------------------------------------------------------------------
 
+
 def _hf(tmp_path: Path) -> Path:
     config = tiny_config("llama")
     fam = family_for_hf("llama")
-    tensors = {t.name: (t.shape, "BF16") for t in expected_tensors(fam, dimensions_from_config(config, fam, "t"))}
+    tensors = {
+        t.name: (t.shape, "BF16")
+        for t in expected_tensors(fam, dimensions_from_config(config, fam, "t"))
+    }
     return write_hf_folder(tmp_path / "m", config, tensors)
 
 
@@ -198,7 +207,9 @@ def case_config_missing_key(tmp_path: Path) -> Path:
 
 def case_unsupported_architecture(tmp_path: Path) -> Path:
     folder = _hf(tmp_path)
-    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "bert", "architectures": ["BertModel"]})
+    )
     return folder
 
 

@@ -24,8 +24,18 @@ MAPPING = {
 def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
         timeout=300,
@@ -65,8 +75,12 @@ def test_typed_marker_and_entry_point(wheel_names: set[str]) -> None:
 def test_every_package_folder_is_declared() -> None:
     import tomllib
 
-    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    declared = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
     for folder, target in MAPPING.items():
         for init in (ROOT / folder).rglob("__init__.py"):
-            package = (target + "/" + init.parent.relative_to(ROOT / folder).as_posix()).rstrip("/.")
+            package = (target + "/" + init.parent.relative_to(ROOT / folder).as_posix()).rstrip(
+                "/."
+            )
             assert package.replace("/", ".") in declared, package

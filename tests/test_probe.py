@@ -112,6 +112,7 @@ def test_a_failing_part_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) 
 
 # --- recorded trees -----------------------------------------------------------------
 
+
 def _write(root: Path, rel: str, text: str | bytes, mode: int | None = None) -> Path:
     p = root / rel
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -132,7 +133,11 @@ CPU_ONLINE CORE_0 1
 
 
 def test_jetson_from_a_recorded_tree(tmp_path: Path) -> None:
-    _write(tmp_path, "proc/device-tree/model", b"NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super\x00")
+    _write(
+        tmp_path,
+        "proc/device-tree/model",
+        b"NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super\x00",
+    )
     _write(tmp_path, "etc/nvpmodel.conf", NVPMODEL_CONF)
     _write(tmp_path, "var/lib/nvpmodel/status", "pmode:0002 fmode:quiet\n")
     facts = read_jetson(tmp_path)
@@ -161,7 +166,9 @@ def test_rapl_readable(tmp_path: Path) -> None:
     assert s.readable and s.detail == "1 package zone(s)"
 
 
-def test_rapl_permission_error_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rapl_permission_error_is_explained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _write(tmp_path, "sys/class/powercap/intel-rapl:0/energy_uj", "1\n")
     original = Path.read_text
 

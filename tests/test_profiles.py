@@ -65,14 +65,18 @@ def test_the_fleet_spans_every_target_and_kind() -> None:
     assert any(p.kind == "phone" and p.os == "ios" for p in profiles)
     assert sum(p.kind == "phone" and "qnn" in p.targets for p in profiles) >= 2
     assert sum("mlx" in p.targets and p.os == "macos" for p in profiles) >= 3
-    assert any("openvino" in p.targets and any(a.kind == "npu" for a in p.accelerators) for p in profiles)
+    assert any(
+        "openvino" in p.targets and any(a.kind == "npu" for a in p.accelerators) for p in profiles
+    )
     # Jetsons carry their power modes; a desktop GPU carries its own memory.
     jetsons = [p for p in profiles if p.kind == "jetson"]
     assert len(jetsons) >= 2 and all(len(p.power.modes) >= 2 for p in jetsons)
     assert any(a.kind == "gpu" and a.memory_gib for p in profiles for a in p.accelerators)
     # An x86 laptop without a GPU.
     assert any(
-        p.kind == "laptop" and p.arch == "x86_64" and not any(a.kind == "gpu" for a in p.accelerators)
+        p.kind == "laptop"
+        and p.arch == "x86_64"
+        and not any(a.kind == "gpu" for a in p.accelerators)
         for p in profiles
     )
 
@@ -127,8 +131,20 @@ def test_minimal_profile_parses() -> None:
         (lambda s: s + "\n[[accelerators]]\nkind = 'tpu'\nname = 'x'\n", "'tpu' is not one of"),
         (lambda s: s.replace("[power]", "[power"), "not valid TOML"),
     ],
-    ids=["unknown-top", "unknown-nested", "missing", "type", "literal", "version", "target",
-         "usable", "power-order", "mode", "accelerator-kind", "toml"],
+    ids=[
+        "unknown-top",
+        "unknown-nested",
+        "missing",
+        "type",
+        "literal",
+        "version",
+        "target",
+        "usable",
+        "power-order",
+        "mode",
+        "accelerator-kind",
+        "toml",
+    ],
 )
 def test_schema_rejects(edit, fragment: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ProfileSchemaError) as info:

@@ -41,7 +41,9 @@ class EdgekitGroup(click.Group):
 
 @click.group(cls=EdgekitGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="edgekit")
-@click.option("-v", "--verbose", count=True, help="More logging (-vv for debug); tracebacks on errors.")
+@click.option(
+    "-v", "--verbose", count=True, help="More logging (-vv for debug); tracebacks on errors."
+)
 @click.pass_context
 def main(ctx: click.Context, verbose: int) -> None:
     """Put language models on edge devices: inspect, probe, plan, pack, run, bench."""
@@ -60,8 +62,13 @@ def json_option(f: Any) -> Any:
         return value
 
     return click.option(
-        "--json", "as_json", is_flag=True, callback=remember, expose_value=True,
-        is_eager=True, help="Print JSON for scripts instead of tables.",
+        "--json",
+        "as_json",
+        is_flag=True,
+        callback=remember,
+        expose_value=True,
+        is_eager=True,
+        help="Print JSON for scripts instead of tables.",
     )(f)
 
 

@@ -23,14 +23,22 @@ def probe_command(measure: bool, as_json: bool) -> None:
         return
     console = Console()
     render_profile(report.profile, console)
-    sensors = Table("power sensor", "readable", "detail", title="Power sensors", title_justify="left")
+    sensors = Table(
+        "power sensor", "readable", "detail", title="Power sensors", title_justify="left"
+    )
     for s in report.sensors:
         sensors.add_row(s.name, "yes" if s.readable else "no", escape(s.detail))
     console.print(sensors)
-    targets = Table("target", "installed", "usable", "version", "detail", title="Targets", title_justify="left")
+    targets = Table(
+        "target", "installed", "usable", "version", "detail", title="Targets", title_justify="left"
+    )
     for t in report.targets:
         targets.add_row(
-            t.name, "yes" if t.installed else "no", "yes" if t.usable else "no", t.version or "-", escape(t.detail)
+            t.name,
+            "yes" if t.installed else "no",
+            "yes" if t.usable else "no",
+            t.version or "-",
+            escape(t.detail),
         )
     console.print(targets)
     failed = [p for p in report.parts if not p.ok]

@@ -80,7 +80,9 @@ def render_profile(p: DeviceProfile, console: Console) -> None:
     )
     for mode in pw.modes:
         default = " (default)" if mode.name == pw.default_mode else ""
-        t.add_row("", f"mode {mode.name}: {mode.max_w:g} W, compute x{mode.compute_scale:g}{default}")
+        t.add_row(
+            "", f"mode {mode.name}: {mode.max_w:g} W, compute x{mode.compute_scale:g}{default}"
+        )
     t.add_row("targets", ", ".join(p.targets) or "none")
     t.add_row("power sensors", ", ".join(p.sensors) or "none")
     console.print(t)

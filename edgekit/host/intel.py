@@ -20,7 +20,9 @@ def list_openvino_devices() -> tuple[OpenVinoDevice, ...]:
     try:
         import openvino as ov
     except ImportError as exc:
-        raise OpenVinoUnavailable("openvino is not installed (pip install 'edgekit[openvino]')") from exc
+        raise OpenVinoUnavailable(
+            "openvino is not installed (pip install 'edgekit[openvino]')"
+        ) from exc
     try:
         core = ov.Core()
         return tuple(
