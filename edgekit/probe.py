@@ -39,8 +39,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Share of RAM the probe assumes a model may use: the OS, the runtime and the app keep the
-# rest. Apple GPUs cap the Metal working set at about 75% of RAM (recommendedMaxWorkingSetSize).
+# rest. On Apple silicon the Metal working-set cap (recommendedMaxWorkingSetSize) is the
+# limit: llama.cpp logs show 2/3 of RAM on 16 and 32 GB Macs and 3/4 above that.
 USABLE_SHARE = 0.75
+APPLE_SMALL_SHARE = 2 / 3
+APPLE_SMALL_MAX_GIB = 36
+# platform.system() -> the os name profiles use
+_OS_NAMES = {"Darwin": "macos", "Linux": "linux", "Windows": "windows"}
 # Rough package power per physical core at full load, for the estimated envelope when no
 # profile matches: x86 desktop/server cores draw 8-15 W each, big Arm cores 2-4 W.
 _WATTS_PER_CORE = {"x86_64": 10.0, "AMD64": 10.0, "arm64": 3.0, "aarch64": 3.0}
@@ -238,12 +243,15 @@ def _host_profile(
             )
     watts = cpu.physical_cores * _WATTS_PER_CORE.get(arch, 5.0)
     total_gib = mem.total_bytes / GIB
+    apple = platform.system() == "Darwin" and arch == "arm64"
+    share = APPLE_SMALL_SHARE if apple and total_gib <= APPLE_SMALL_MAX_GIB else USABLE_SHARE
+    why = "Metal working-set cap" if apple else "the OS, runtime and app keep the rest"
     return DeviceProfile(
         schema=SCHEMA_VERSION,
         name="host",
         display_name=f"this host ({cpu.model})",
         kind=_kind(root, jetson, sensors),
-        os=platform.system().lower(),
+        os=_OS_NAMES.get(platform.system(), platform.system().lower()),
         arch=arch,
         cpu=CpuSpec(
             model=cpu.model,
@@ -256,11 +264,11 @@ def _host_profile(
         ),
         memory=MemorySpec(
             total_gib=round(total_gib, 3),
-            usable_gib=round(total_gib * USABLE_SHARE, 3),
-            usable_note=f"{USABLE_SHARE:.0%} of RAM: the OS, runtime and app keep the rest",
+            usable_gib=round(total_gib * share, 3),
+            usable_note=f"{share:.0%} of RAM: {why}",
             bandwidth_gbps=round(bandwidth, 2) if bandwidth else None,
             bandwidth_source="measured" if bandwidth else "unknown",
-            unified=jetson is not None or (platform.system() == "Darwin" and arch == "arm64"),
+            unified=jetson is not None or apple,
             available_gib=round(mem.available_bytes / GIB, 3),
         ),
         power=PowerSpec(

@@ -45,7 +45,7 @@ def test_probe_json_matches_the_os(probe_json: dict) -> None:
     cpuinfo = Path("/proc/cpuinfo").read_text()
 
     assert profile["name"] == "host"
-    assert profile["os"] == platform.system().lower()
+    assert profile["os"] == {"Darwin": "macos"}.get(platform.system(), platform.system().lower())
     assert profile["arch"] == platform.machine()
 
     model = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)

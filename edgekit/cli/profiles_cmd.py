@@ -22,16 +22,18 @@ def profiles_command(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         emit_json([p.to_dict() for p in profiles])
         return
-    table = Table("name", "device", "kind", "memory (usable)", "bandwidth", "power", "targets")
+    table = Table("device", "kind", "memory (usable)", "bandwidth", "power", "targets")
+    table.columns[0].overflow = "fold"
+    table.add_column("name", no_wrap=True)
     for p in profiles:
         table.add_row(
-            p.name,
             p.display_name,
             p.kind,
             f"{p.memory.total_gib:g} GiB ({p.memory.usable_gib:g})",
             f"{p.memory.bandwidth_gbps:g} GB/s" if p.memory.bandwidth_gbps else "?",
             f"{p.power.typical_w:g}/{p.power.max_w:g} W",
             ", ".join(p.targets),
+            p.name,
         )
     Console().print(table)
 
