@@ -383,3 +383,54 @@ def test_tiny_gguf_is_read(tmp_path: Path) -> None:
     assert spec.tied_embeddings is True
     assert spec.parameters == 8 * 64 + 64 * 64 + 64 + 64
     assert spec.file_type == "F16"
+
+
+def test_a_7b_folder_is_inspected_fast_and_small(tmp_path: Path) -> None:
+    """Llama-2-7B's real tensor table over sparse shards (14 GB apparent, no disk used)."""
+    import time
+    import tracemalloc
+
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+    }
+    fam = family_for_hf("llama")
+    tensors = expected_tensors(fam, dimensions_from_config(config, fam, "7b"))
+    tmp_path.joinpath("config.json").write_text(json.dumps(config))
+    weight_map = {}
+    for shard, part in enumerate((tensors[: len(tensors) // 2], tensors[len(tensors) // 2 :])):
+        name = f"model-{shard + 1:05d}-of-00002.safetensors"
+        offset, entries = 0, {}
+        for t in part:
+            entries[t.name] = {
+                "dtype": "BF16",
+                "shape": list(t.shape),
+                "data_offsets": [offset, offset + t.nbytes],
+            }
+            offset += t.nbytes
+        raw = json.dumps(entries).encode()
+        with (tmp_path / name).open("wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            f.truncate(8 + len(raw) + offset)  # sparse: the data is never written
+        weight_map.update({t.name: name for t in part})
+    tmp_path.joinpath("model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": weight_map})
+    )
+
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    spec = inspect_model(tmp_path)
+    elapsed = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+
+    assert spec.parameters == 6_738_415_616 and spec.parameters_source == "tensors"
+    assert spec.weight_bytes == 2 * 6_738_415_616
+    assert elapsed < 1.0
+    assert peak < 8 << 20
