@@ -17,8 +17,12 @@ Hierarchy::
     │   ├── ProfileNotFoundError
     │   └── ProfileSchemaError      unknown keys, missing keys, wrong types
     ├── ProbeError                  a host probe part failed (the probe itself reports, not raises)
+    ├── ConversionError             a conversion or quantization failed
+    │   ├── UnsupportedConversionError  the source, format or option cannot be converted
+    │   └── OutputExistsError       the output path exists and --force was not given
     └── TargetError                 a runtime target is unknown or cannot run here
-        └── TargetUnavailableError  its SDK or hardware is missing
+        ├── TargetUnavailableError  its SDK or hardware is missing
+        └── GenerationError         the runtime failed while loading or generating
 """
 
 from __future__ import annotations
@@ -91,9 +95,25 @@ class ProbeError(EdgekitError):
     """One part of the host probe failed; the probe reports these rather than raising."""
 
 
+class ConversionError(EdgekitError):
+    """A conversion or quantization failed; nothing was written at the destination."""
+
+
+class UnsupportedConversionError(ConversionError):
+    """The source, the format or an option cannot be converted (checked before writing)."""
+
+
+class OutputExistsError(ConversionError):
+    """The output path exists and overwriting was not asked for."""
+
+
 class TargetError(EdgekitError):
     """A runtime target is unknown or cannot run here."""
 
 
 class TargetUnavailableError(TargetError):
     """The target's SDK or hardware is not present on this host."""
+
+
+class GenerationError(TargetError):
+    """The runtime failed while loading a model or generating."""

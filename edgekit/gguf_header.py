@@ -60,6 +60,7 @@ class GGUFHeader:
     metadata: dict[str, Any]
     tensors: tuple[TensorInfo, ...]
     tensor_types: dict[str, int]
+    tensor_offsets: dict[str, int]  # absolute byte offset of each tensor's data
     data_offset: int
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -222,5 +223,6 @@ def read_gguf_header(path: str | Path, *, keep_arrays: bool = False) -> GGUFHead
         metadata=metadata,
         tensors=tuple(tensors),
         tensor_types=tensor_types,
+        tensor_offsets={t.name: data_offset + off for t, (off, _) in zip(tensors, offsets, strict=True)},
         data_offset=data_offset,
     )

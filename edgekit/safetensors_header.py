@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit.errors import ModelFormatError
@@ -21,12 +22,25 @@ MAX_HEADER = 100_000_000
 INDEX_NAME = "model.safetensors.index.json"
 
 
+@dataclass(frozen=True, kw_only=True)
+class TensorLocation:
+    """Where a tensor's bytes lie: the file and the absolute byte offset in it."""
+
+    file: Path
+    offset: int
+    info: TensorInfo
+
+
 def read_safetensors_header(path: Path) -> tuple[TensorInfo, ...]:
     """Tensor infos of one .safetensors file.
 
     Raises:
         ModelFormatError: empty, truncated, or a header that is not valid safetensors JSON.
     """
+    return tuple(loc.info for loc in _locations(path))
+
+
+def _locations(path: Path) -> list[TensorLocation]:
     size = path.stat().st_size
     if size == 0:
         raise ModelFormatError(f"{path}: the file is empty")
@@ -48,15 +62,16 @@ def read_safetensors_header(path: Path) -> tuple[TensorInfo, ...]:
         raise ModelFormatError(f"{path}: corrupt safetensors header (not a JSON object)")
 
     data_size = size - 8 - n
-    tensors: list[TensorInfo] = []
+    locations: list[TensorLocation] = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        tensors.append(_tensor(path, name, entry, data_size))
-    return tuple(tensors)
+        info, begin = _tensor(path, name, entry, data_size)
+        locations.append(TensorLocation(file=path, offset=8 + n + begin, info=info))
+    return locations
 
 
-def _tensor(path: Path, name: str, entry: object, data_size: int) -> TensorInfo:
+def _tensor(path: Path, name: str, entry: object, data_size: int) -> tuple[TensorInfo, int]:
     try:
         dtype = entry["dtype"]  # type: ignore[index]
         shape = tuple(int(d) for d in entry["shape"])  # type: ignore[index]
@@ -79,7 +94,7 @@ def _tensor(path: Path, name: str, entry: object, data_size: int) -> TensorInfo:
             f"{path}: truncated safetensors file ({name!r} ends at data byte {end}, the file "
             f"holds {data_size})"
         )
-    return TensorInfo(name=name, shape=shape, dtype=dtype, nbytes=end - begin)
+    return TensorInfo(name=name, shape=shape, dtype=dtype, nbytes=end - begin), begin
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -110,3 +125,8 @@ def read_folder_tensors(folder: Path) -> tuple[TensorInfo, ...]:
     for file in safetensors_files(folder):
         tensors.extend(read_safetensors_header(file))
     return tuple(tensors)
+
+
+def locate_tensors(folder: Path) -> dict[str, TensorLocation]:
+    """Every tensor of a model folder with the file and offset of its data."""
+    return {loc.info.name: loc for f in safetensors_files(folder) for loc in _locations(f)}

@@ -1,0 +1,149 @@
+"""GGUF -> quantized GGUF with llama.cpp's own quantizer (llama_model_quantize).
+
+Recipe controls map onto llama.cpp's switches: ``embeddings`` -> token_embedding_type,
+``output`` -> output_tensor_type. Requantizing an already quantized file is allowed but
+stacks the two quantization errors, and says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from edgekit.atomic import atomic_path, check_destination
+from edgekit.converters.gguf_formats import FLOAT_FORMATS, GGUF_FORMATS, QUANTIZED_FILE_TYPES
+from edgekit.converters.recipe import Recipe
+from edgekit.errors import ConversionError, TargetUnavailableError, UnsupportedConversionError
+from edgekit.ggml_types import GGML_TYPES, LLAMA_FILE_TYPES
+from edgekit.gguf_header import read_gguf_header
+from edgekit.inspection import spec_from_gguf
+from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
+
+log = logging.getLogger(__name__)
+_GGML_BY_NAME = {t.name: i for i, t in GGML_TYPES.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantizeResult:
+    path: Path
+    quant: str
+    source_file_type: str | None
+    warnings: tuple[str, ...]
+
+
+def quantize_gguf(
+    src: str | Path,
+    out: str | Path,
+    quant: str,
+    *,
+    recipe: Recipe | None = None,
+    threads: int | None = None,
+    force: bool = False,
+    progress: ProgressCallback = no_progress,
+) -> QuantizeResult:
+    """Quantize a GGUF file to ``quant`` (Q8_0, Q4_K_M, ...).
+
+    Raises:
+        UnsupportedConversionError: an unknown format or recipe tensor type.
+        OutputExistsError: ``out`` exists and ``force`` is not set.
+        TargetUnavailableError: llama-cpp-python is not installed.
+        ConversionError: llama.cpp failed (nothing is left at ``out``).
+    """
+    src, out = Path(src), Path(out)
+    fmt = GGUF_FORMATS.get(quant.upper())
+    if fmt is None or fmt.name in FLOAT_FORMATS:
+        raise UnsupportedConversionError(
+            f"{quant!r} is not a GGUF quantization edgekit offers",
+            hint=f"choose one of {', '.join(n for n in GGUF_FORMATS if n not in FLOAT_FORMATS)}",
+        )
+    check_destination(out, force=force)
+    header = read_gguf_header(src)
+    spec_from_gguf(header)  # unsupported architecture -> clear error before any work
+    source_type = LLAMA_FILE_TYPES.get(header.get("general.file_type"))
+    warnings: list[str] = []
+    if source_type in QUANTIZED_FILE_TYPES:
+        warnings.append(
+            f"requantizing a {source_type} file to {fmt.name}: the result carries both "
+            "quantization errors; quantize from the F16/BF16/F32 source when you have it"
+        )
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise TargetUnavailableError(
+            "quantization needs llama-cpp-python", hint="pip install 'edgekit[gguf]'"
+        ) from exc
+    from edgekit.targets.llamacpp_log import route_llamacpp_logs
+
+    route_llamacpp_logs()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = fmt.ftype
+    params.nthread = threads or psutil.cpu_count(logical=False) or 1
+    params.allow_requantize = source_type in QUANTIZED_FILE_TYPES
+    recipe = recipe or Recipe(weights=fmt.name)
+    if recipe.embeddings:
+        params.token_embedding_type = _ggml_type(recipe.embeddings, "embeddings")
+    if recipe.output:
+        params.output_tensor_type = _ggml_type(recipe.output, "output")
+
+    with atomic_path(out, force=force) as tmp:
+        rc = _run_with_heartbeat(
+            lambda: llama_cpp.llama_model_quantize(
+                str(src).encode(), str(tmp).encode(), ctypes.byref(params)
+            ),
+            progress,
+            fmt.name,
+        )
+        if rc != 0 or not tmp.is_file():
+            raise ConversionError(
+                f"llama.cpp could not quantize {src} to {fmt.name} (code {rc})",
+                hint="run with -vv to see llama.cpp's log",
+            )
+        written = read_gguf_header(tmp)
+        if written.get("general.file_type") != fmt.ftype:
+            raise ConversionError(f"verification failed: {tmp} is not {fmt.name}")
+    for w in warnings:
+        log.warning("%s", w)
+    return QuantizeResult(path=out, quant=fmt.name, source_file_type=source_type, warnings=tuple(warnings))
+
+
+def _ggml_type(name: str, what: str) -> int:
+    type_id = _GGML_BY_NAME.get(name.upper())
+    if type_id is None:
+        raise UnsupportedConversionError(
+            f"recipe {what}={name!r} is not a GGML tensor type",
+            hint="use e.g. Q8_0, Q6_K, F16",
+        )
+    return type_id
+
+
+def _run_with_heartbeat(fn: object, progress: ProgressCallback, quant: str) -> int:
+    """Run the (blocking, C-level) quantizer on a thread, reporting elapsed time.
+
+    llama.cpp reports no per-tensor progress through its API, so the event carries
+    elapsed seconds with an unknown total.
+    """
+    result: list[int] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            result.append(int(fn()))  # type: ignore[operator]
+        except BaseException as exc:  # re-raised on the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=work, name="edgekit-quantize", daemon=True)
+    start = time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.25)
+        progress(ProgressEvent(stage="quantize", done=int(time.monotonic() - start), total=None,
+                               detail=f"quantizing to {quant}"))
+    if errors:
+        raise ConversionError(f"quantization failed: {errors[0]}") from errors[0]
+    return result[0]

@@ -1,0 +1,61 @@
+"""A quantization recipe: one small value that every backend maps onto its own switches.
+
+    Recipe(weights="Q4_K_M", embeddings="Q8_0", output="Q8_0", kv_cache="q8_0")
+
+``weights`` is the format of the bulk of the weights; ``embeddings`` and ``output`` pin the
+token embedding and the output projection (the tensors most sensitive to quantization);
+``kv_cache`` is the KV-cache type the runtime should use, recorded with the model. A
+backend reports what it cannot express (``unsupported``) instead of dropping it silently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+
+from edgekit.errors import UnsupportedConversionError
+
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    weights: str
+    embeddings: str | None = None
+    output: str | None = None
+    kv_cache: str = "f16"
+    group_size: int | None = None  # for group-wise INT4 backends
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Recipe:
+        return cls(**json.loads(text))
+
+    def with_options(self, text: str | None) -> Recipe:
+        """Apply ``key=value,key=value`` options (the CLI's ``--recipe``).
+
+        Raises:
+            UnsupportedConversionError: an unknown key or KV-cache type.
+        """
+        if not text:
+            return self
+        allowed = {f.name for f in fields(self)} - {"weights"}
+        changes: dict[str, object] = {}
+        for item in text.split(","):
+            key, sep, value = item.partition("=")
+            key, value = key.strip().replace("-", "_"), value.strip()
+            if not sep or key not in allowed:
+                raise UnsupportedConversionError(
+                    f"recipe option {item!r} is not understood",
+                    hint=f"use key=value with keys: {', '.join(sorted(allowed))}",
+                )
+            changes[key] = int(value) if key == "group_size" else value
+        recipe = replace(self, **changes)  # type: ignore[arg-type]
+        if recipe.kv_cache.lower() not in KV_CACHE_TYPES:
+            raise UnsupportedConversionError(
+                f"KV-cache type {recipe.kv_cache!r} is not known",
+                hint=f"use one of {', '.join(KV_CACHE_TYPES)}",
+            )
+        return replace(recipe, kv_cache=recipe.kv_cache.lower())
