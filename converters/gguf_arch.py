@@ -155,9 +155,7 @@ def tensor_name_map(arch: GgufArch, layers: int) -> gguf.TensorNameMap:
     return g.get_tensor_name_map(by_name[arch.name], layers)
 
 
-def transform(
-    hf_name: str, data: np.ndarray, arch: GgufArch, dims: Dimensions
-) -> np.ndarray:
+def transform(hf_name: str, data: np.ndarray, arch: GgufArch, dims: Dimensions) -> np.ndarray:
     """Apply the family's layout changes to one tensor (float32 in, float32 out)."""
     if arch.permute_qk:
         if hf_name.endswith("self_attn.q_proj.weight"):
@@ -169,9 +167,7 @@ def transform(
     return data
 
 
-def untransform(
-    hf_name: str, data: np.ndarray, arch: GgufArch, dims: Dimensions
-) -> np.ndarray:
+def untransform(hf_name: str, data: np.ndarray, arch: GgufArch, dims: Dimensions) -> np.ndarray:
     """The inverse of ``transform``: a GGUF tensor back to Hugging Face layout."""
     if arch.permute_qk:
         if hf_name.endswith("self_attn.q_proj.weight"):

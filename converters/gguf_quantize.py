@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-
-from edgekit.atomic import atomic_path, check_destination
 from edgekit.converters.gguf_formats import FLOAT_FORMATS, GGUF_FORMATS, QUANTIZED_FILE_TYPES
 from edgekit.converters.recipe import Recipe
+
+from edgekit.atomic import atomic_path, check_destination
 from edgekit.errors import ConversionError, TargetUnavailableError, UnsupportedConversionError
 from edgekit.ggml_types import GGML_TYPES, LLAMA_FILE_TYPES
 from edgekit.gguf_header import read_gguf_header
@@ -108,8 +108,10 @@ def quantize_gguf(
         if written.get("general.file_type") != fmt.ftype:
             raise ConversionError(f"verification failed: {tmp} is not {fmt.name}")
     for w in warnings:
-        log.warning("%s", w)
-    return QuantizeResult(path=out, quant=fmt.name, source_file_type=source_type, warnings=tuple(warnings))
+        log.info("%s", w)
+    return QuantizeResult(
+        path=out, quant=fmt.name, source_file_type=source_type, warnings=tuple(warnings)
+    )
 
 
 def _ggml_type(name: str, what: str) -> int:
@@ -142,8 +144,14 @@ def _run_with_heartbeat(fn: object, progress: ProgressCallback, quant: str) -> i
     thread.start()
     while thread.is_alive():
         thread.join(0.25)
-        progress(ProgressEvent(stage="quantize", done=int(time.monotonic() - start), total=None,
-                               detail=f"quantizing to {quant}"))
+        progress(
+            ProgressEvent(
+                stage="quantize",
+                done=int(time.monotonic() - start),
+                total=None,
+                detail=f"quantizing to {quant}",
+            )
+        )
     if errors:
         raise ConversionError(f"quantization failed: {errors[0]}") from errors[0]
     return result[0]

@@ -17,9 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from edgekit.architectures import Dimensions, Family, expected_tensors, family_for_gguf
-from edgekit.atomic import atomic_path, check_destination
 from edgekit.converters.gguf_arch import ARCHES, tensor_name_map, untransform
 from edgekit.converters.gguf_formats import FLOAT_FORMATS
 from edgekit.converters.gguf_tokenizer import (
@@ -28,6 +25,9 @@ from edgekit.converters.gguf_tokenizer import (
     pre_tokenizer_json,
 )
 from edgekit.converters.tensor_io import write_safetensors
+
+from edgekit.architectures import Dimensions, Family, expected_tensors, family_for_gguf
+from edgekit.atomic import atomic_path, check_destination
 from edgekit.errors import UnsupportedConversionError
 from edgekit.gguf_header import GGUFHeader, read_gguf_header
 from edgekit.inspection import spec_from_gguf
@@ -45,8 +45,11 @@ _HF_CLASSES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma3": (
         "Gemma3ForCausalLM",
         "gemma3_text",
-        {"hidden_activation": "gelu_pytorch_tanh", "rope_local_base_freq": 10000.0,
-         "sliding_window_pattern": 6},
+        {
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rope_local_base_freq": 10000.0,
+            "sliding_window_pattern": 6,
+        },
     ),
 }
 
@@ -90,7 +93,7 @@ def gguf_to_hf(
     tokenizer, tokenizer_config = _tokenizer_files(header)
     config = _config(header, family, dims)
     source_type = spec.file_type
-    warnings = ()
+    warnings: tuple[str, ...] = ()
     if source_type not in FLOAT_FORMATS:
         warnings = (
             f"the weights are dequantized from {source_type}: they carry the GGUF's "
@@ -106,8 +109,14 @@ def gguf_to_hf(
         if isinstance(template, str):
             (tmp / "chat_template.jinja").write_text(template)
         (tmp / "edgekit.json").write_text(
-            json.dumps({"converted_from": str(src), "source_file_type": source_type,
-                        "warnings": list(warnings)}, indent=2)
+            json.dumps(
+                {
+                    "converted_from": str(src),
+                    "source_file_type": source_type,
+                    "warnings": list(warnings),
+                },
+                indent=2,
+            )
         )
         order = [(hf, header.tensors[i]) for i, hf in enumerate(names)]
         shapes = [(hf, t.shape) for hf, t in order]
@@ -124,9 +133,15 @@ def gguf_to_hf(
 
 def _dims(spec: ModelSpec) -> Dimensions:
     return Dimensions(
-        layers=spec.layers, hidden_size=spec.hidden_size, heads=spec.heads, kv_heads=spec.kv_heads,
-        head_dim=spec.head_dim, ffn_size=spec.ffn_size, vocab_size=spec.vocab_size,
-        context_length=spec.context_length, tied_embeddings=spec.tied_embeddings,
+        layers=spec.layers,
+        hidden_size=spec.hidden_size,
+        heads=spec.heads,
+        kv_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
+        ffn_size=spec.ffn_size,
+        vocab_size=spec.vocab_size,
+        context_length=spec.context_length,
+        tied_embeddings=spec.tied_embeddings,
         sliding_window=spec.sliding_window,
     )
 
@@ -158,12 +173,16 @@ def _dequantize(header: GGUFHeader, name: str, shape: tuple[int, ...]) -> np.nda
 
     type_id = header.tensor_types[name]
     nbytes = next(t.nbytes for t in header.tensors if t.name == name)
-    raw = np.memmap(header.path, dtype=np.uint8, mode="r", offset=header.tensor_offsets[name], shape=(nbytes,))
+    raw = np.memmap(
+        header.path, dtype=np.uint8, mode="r", offset=header.tensor_offsets[name], shape=(nbytes,)
+    )
     rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
     if type_id == 30:  # BF16: numpy has no bfloat16
         data = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     else:
-        data = gguf.quants.dequantize(raw.reshape(rows, nbytes // rows), gguf.GGMLQuantizationType(type_id))
+        data = gguf.quants.dequantize(
+            raw.reshape(rows, nbytes // rows), gguf.GGMLQuantizationType(type_id)
+        )
     return np.asarray(data, dtype=np.float32).reshape(shape)
 
 
@@ -188,8 +207,11 @@ def _config(header: GGUFHeader, family: Family, dims: Dimensions) -> dict[str, A
         "torch_dtype": "float32",
         **extra,
     }
-    for key, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                          ("pad_token_id", "padding_token_id")):
+    for key, gguf_key in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("pad_token_id", "padding_token_id"),
+    ):
         value = header.get(f"tokenizer.ggml.{gguf_key}")
         if isinstance(value, int):
             config[key] = value
@@ -218,8 +240,15 @@ def _tokenizer_files(header: GGUFHeader) -> tuple[dict[str, Any], dict[str, Any]
         return tokens[value] if isinstance(value, int) and 0 <= value < len(tokens) else None
 
     added = [
-        {"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": types[i] != TOKEN_CONTROL, "special": types[i] == TOKEN_CONTROL}
+        {
+            "id": i,
+            "content": tok,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": types[i] != TOKEN_CONTROL,
+            "special": types[i] == TOKEN_CONTROL,
+        }
         for i, tok in enumerate(tokens)
         if types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
     ]
@@ -228,9 +257,16 @@ def _tokenizer_files(header: GGUFHeader) -> tuple[dict[str, Any], dict[str, Any]
     if add_bos and bos is not None:
         post_processor = {
             "type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "single": [
+                {"SpecialToken": {"id": bos, "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+            ],
+            "pair": [
+                {"SpecialToken": {"id": bos, "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": bos, "type_id": 1}},
+                {"Sequence": {"id": "B", "type_id": 1}},
+            ],
             "special_tokens": {bos: {"id": bos, "ids": [tokens.index(bos)], "tokens": [bos]}},
         }
     tokenizer = {
@@ -241,10 +277,20 @@ def _tokenizer_files(header: GGUFHeader) -> tuple[dict[str, Any], dict[str, Any]
         "normalizer": None,
         "pre_tokenizer": pre_tokenizer_json(pre),
         "post_processor": post_processor,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
             "ignore_merges": pre == "llama-bpe",
             "vocab": {tok: i for i, tok in enumerate(tokens)},
             "merges": merges,
@@ -259,6 +305,8 @@ def _tokenizer_files(header: GGUFHeader) -> tuple[dict[str, Any], dict[str, Any]
         "add_bos_token": add_bos,
         "add_eos_token": bool(header.get("tokenizer.ggml.add_eos_token", False)),
         "clean_up_tokenization_spaces": False,
-        "model_max_length": int(header.get(f"{header.get('general.architecture')}.context_length", 4096)),
+        "model_max_length": int(
+            header.get(f"{header.get('general.architecture')}.context_length", 4096)
+        ),
     }
     return tokenizer, config

@@ -164,14 +164,22 @@ def pre_tokenizer_json(pre: str) -> dict[str, Any]:
     for part in signature:
         if part[0] == "ByteLevel":
             parts.append(
-                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                 "use_regex": part[1]}
+                {
+                    "type": "ByteLevel",
+                    "add_prefix_space": False,
+                    "trim_offsets": True,
+                    "use_regex": part[1],
+                }
             )
         elif part[0] == "Digits":
             parts.append({"type": "Digits", "individual_digits": part[1]})
         elif part[0] == "Split":
             parts.append(
-                {"type": "Split", "pattern": {"Regex": part[1]}, "behavior": part[2],
-                 "invert": False}
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": part[1]},
+                    "behavior": part[2],
+                    "invert": False,
+                }
             )
     return parts[0] if len(parts) == 1 else {"type": "Sequence", "pretokenizers": parts}

@@ -15,9 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from edgekit.architectures import dimensions_from_config, family_for_hf
-from edgekit.atomic import atomic_path, check_destination
 from edgekit.converters.gguf_arch import (
     ARCHES,
     llama3_rope_factors,
@@ -28,6 +25,9 @@ from edgekit.converters.gguf_arch import (
 from edgekit.converters.gguf_tokenizer import read_vocab
 from edgekit.converters.recipe import Recipe
 from edgekit.converters.tensor_io import f32_to_bf16_bits, read_safetensors_f32
+
+from edgekit.architectures import dimensions_from_config, family_for_hf
+from edgekit.atomic import atomic_path, check_destination
 from edgekit.errors import ConversionError, UnsupportedConversionError
 from edgekit.gguf_header import read_gguf_header
 from edgekit.inspection import inspect_model, spec_from_gguf
@@ -95,7 +95,9 @@ def hf_to_gguf(
     dims = dimensions_from_config(config, family, str(src))
     arch = ARCHES[family.key]
     vocab = read_vocab(src, dims.vocab_size, pre_override=tokenizer_pre)
-    plan = _plan(src, spec.tensors, arch, dims, FLOAT_OUTPUTS[out_type][0], tied=dims.tied_embeddings)
+    plan = _plan(
+        src, spec.tensors, arch, dims, FLOAT_OUTPUTS[out_type][0], tied=dims.tied_embeddings
+    )
 
     import gguf
 
@@ -113,35 +115,55 @@ def hf_to_gguf(
             writer.add_token_types(vocab.types)
             if vocab.scores is not None:
                 writer.add_token_scores(vocab.scores)
-            special = gguf.SpecialVocab(src, load_merges=vocab.model == "gpt2", n_vocab=len(vocab.tokens))
+            special = gguf.SpecialVocab(
+                src, load_merges=vocab.model == "gpt2", n_vocab=len(vocab.tokens)
+            )
             special.add_to_gguf(writer, quiet=True)
             if recipe is not None:
                 writer.add_string(RECIPE_KEY, recipe.to_json())
             if scaling.get("type") == "llama3":
                 plan.append(
-                    _Planned(hf_name="rope_freqs", gguf_name="rope_freqs.weight",
-                             shape=(dims.head_dim // 2,), ggml_type=0, location=None)
+                    _Planned(
+                        hf_name="rope_freqs",
+                        gguf_name="rope_freqs.weight",
+                        shape=(dims.head_dim // 2,),
+                        ggml_type=0,
+                        location=None,
+                    )
                 )
             for p in plan:
-                dtype = np.dtype(np.uint16) if p.ggml_type == 30 else np.dtype(
-                    np.float16 if p.ggml_type == 1 else np.float32
+                dtype = (
+                    np.dtype(np.uint16)
+                    if p.ggml_type == 30
+                    else np.dtype(np.float16 if p.ggml_type == 1 else np.float32)
                 )
                 nbytes = int(np.prod(p.shape, dtype=np.int64)) * dtype.itemsize
-                writer.add_tensor_info(p.gguf_name, p.shape, dtype, nbytes,
-                                       raw_dtype=gguf.GGMLQuantizationType(p.ggml_type))
+                writer.add_tensor_info(
+                    p.gguf_name,
+                    p.shape,
+                    dtype,
+                    nbytes,
+                    raw_dtype=gguf.GGMLQuantizationType(p.ggml_type),
+                )
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
             for i, p in enumerate(plan):
                 if p.location is None:
                     theta = float(config.get("rope_theta") or 10000.0)
-                    data = np.asarray(llama3_rope_factors(scaling, dims.head_dim, theta), np.float32)
+                    data = np.asarray(
+                        llama3_rope_factors(scaling, dims.head_dim, theta), np.float32
+                    )
                 else:
                     data = transform(p.hf_name, read_safetensors_f32(p.location), arch, dims)
                 writer.write_tensor_data(_narrow(data, p.ggml_type))
-                progress(ProgressEvent(stage="convert", done=i + 1, total=len(plan), detail=p.gguf_name))
+                progress(
+                    ProgressEvent(stage="convert", done=i + 1, total=len(plan), detail=p.gguf_name)
+                )
         except OSError as exc:
-            raise ConversionError(f"writing {out} failed: {exc}", hint="check free disk space") from exc
+            raise ConversionError(
+                f"writing {out} failed: {exc}", hint="check free disk space"
+            ) from exc
         finally:
             writer.close()
         _verify(tmp, plan)
@@ -170,10 +192,19 @@ def _plan(
             )
         # llama.cpp keeps 1-D tensors (norms, biases) in F32 whatever the file type.
         ggml_type = weight_type if len(t.shape) > 1 else 0
-        planned.append(_Planned(hf_name=t.name, gguf_name=gguf_name, shape=t.shape,
-                                ggml_type=ggml_type, location=locations[t.name]))
+        planned.append(
+            _Planned(
+                hf_name=t.name,
+                gguf_name=gguf_name,
+                shape=t.shape,
+                ggml_type=ggml_type,
+                location=locations[t.name],
+            )
+        )
     if unmapped:
-        shown = ", ".join(unmapped[:5]) + (f" and {len(unmapped) - 5} more" if len(unmapped) > 5 else "")
+        shown = ", ".join(unmapped[:5]) + (
+            f" and {len(unmapped) - 5} more" if len(unmapped) > 5 else ""
+        )
         raise UnsupportedConversionError(
             f"{src}: tensors with no GGUF name for the {arch.name} architecture: {shown}",
             hint="the checkpoint carries parts llama.cpp cannot run (adapters, vision towers?)",

@@ -28,7 +28,9 @@ def read_safetensors_f32(loc: TensorLocation) -> np.ndarray:
         raw = np.memmap(loc.file, dtype=np.uint16, mode="r", offset=loc.offset, shape=(count,))
         out = (raw.astype(np.uint32) << 16).view(np.float32)
     elif info.dtype in _NUMPY:
-        raw = np.memmap(loc.file, dtype=_NUMPY[info.dtype], mode="r", offset=loc.offset, shape=(count,))
+        raw = np.memmap(
+            loc.file, dtype=_NUMPY[info.dtype], mode="r", offset=loc.offset, shape=(count,)
+        )
         out = raw.astype(np.float32)
     else:
         raise TypeError(f"{info.name}: dtype {info.dtype} is not a floating-point weight")
@@ -42,7 +44,9 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((bits + rounding) >> 16).astype(np.uint16)
 
 
-def write_safetensors(path: Path, tensors: Iterable[tuple[str, tuple[int, ...]]], arrays: Iterable[np.ndarray]) -> None:
+def write_safetensors(
+    path: Path, tensors: Iterable[tuple[str, tuple[int, ...]]], arrays: Iterable[np.ndarray]
+) -> None:
     """Write a float32 safetensors file, streaming: the header is computed from the
     shapes first, then each array is written as it comes (in the same order)."""
     names_shapes = list(tensors)

@@ -223,6 +223,8 @@ def read_gguf_header(path: str | Path, *, keep_arrays: bool = False) -> GGUFHead
         metadata=metadata,
         tensors=tuple(tensors),
         tensor_types=tensor_types,
-        tensor_offsets={t.name: data_offset + off for t, (off, _) in zip(tensors, offsets, strict=True)},
+        tensor_offsets={
+            t.name: data_offset + off for t, (off, _) in zip(tensors, offsets, strict=True)
+        },
         data_offset=data_offset,
     )

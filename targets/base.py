@@ -21,6 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from edgekit.targets.catalog import TargetInfo
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -93,7 +95,9 @@ class Session(ABC):
     def detokenize(self, tokens: Sequence[int]) -> str: ...
 
     @abstractmethod
-    def stream_tokens(self, prompt_tokens: Sequence[int], sampling: Sampling) -> Iterator[StreamChunk]:
+    def stream_tokens(
+        self, prompt_tokens: Sequence[int], sampling: Sampling
+    ) -> Iterator[StreamChunk]:
         """Generate from token ids, yielding text as it becomes complete UTF-8."""
 
     @abstractmethod
@@ -109,21 +113,27 @@ class Session(ABC):
 
     # --- the public generation API, the same on every target ---------------------------
 
-    def stream(self, prompt: str, sampling: Sampling | None = None, **overrides: Any) -> Iterator[StreamChunk]:
+    def stream(
+        self, prompt: str, sampling: Sampling | None = None, **overrides: Any
+    ) -> Iterator[StreamChunk]:
         """Stream a completion of ``prompt``. Holds the session's lock while it runs."""
         sampling = _sampling(sampling, overrides)
         with self._lock:
             self._start()
             yield from self.stream_tokens(self.tokenize(prompt), sampling)
 
-    def generate(self, prompt: str, sampling: Sampling | None = None, **overrides: Any) -> Generation:
+    def generate(
+        self, prompt: str, sampling: Sampling | None = None, **overrides: Any
+    ) -> Generation:
         sampling = _sampling(sampling, overrides)
         with self._lock:
             self._start()
             tokens = self.tokenize(prompt)
             return _collect(self.stream_tokens(tokens, sampling), len(tokens))
 
-    def chat(self, messages: Sequence[dict[str, str]], sampling: Sampling | None = None, **overrides: Any) -> Generation:
+    def chat(
+        self, messages: Sequence[dict[str, str]], sampling: Sampling | None = None, **overrides: Any
+    ) -> Generation:
         sampling = _sampling(sampling, overrides)
         with self._lock:
             self._start()
@@ -148,19 +158,19 @@ class Session(ABC):
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
 
 class Target(ABC):
-    """A runtime family. Subclasses set the capability attributes and implement ``load``."""
+    """A runtime family. ``info`` is its row of the target catalogue (name, formats,
+    quantizations, SDK, install hint), readable without loading any SDK."""
 
-    name: ClassVar[str]
-    display_name: ClassVar[str]
-    formats: ClassVar[tuple[str, ...]]
-    quantizations: ClassVar[tuple[str, ...]]
-    extra: ClassVar[str]
+    info: ClassVar[TargetInfo]
 
     @classmethod
     @abstractmethod
@@ -187,4 +197,9 @@ def _collect(chunks: Iterator[StreamChunk], prompt_tokens: int) -> Generation:
         count += chunk.tokens
         if chunk.finish_reason:
             reason = chunk.finish_reason
-    return Generation(text="".join(text), prompt_tokens=prompt_tokens, completion_tokens=count, finish_reason=reason)
+    return Generation(
+        text="".join(text),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=count,
+        finish_reason=reason,
+    )

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
+from edgekit.targets.base import Sampling, Session, SessionInfo, StreamChunk, Target
+from edgekit.targets.catalog import BY_NAME, TargetInfo
+from edgekit.targets.llamacpp_log import route_llamacpp_logs
+from edgekit.targets.text import StopMatcher, Utf8Stream, render_chat_template
 
 from edgekit.errors import GenerationError, TargetUnavailableError
 from edgekit.gguf_header import read_gguf_header
-from edgekit.targets.base import Sampling, Session, SessionInfo, StreamChunk, Target
-from edgekit.targets.llamacpp_log import route_llamacpp_logs
-from edgekit.targets.text import StopMatcher, Utf8Stream, render_chat_template
 
 if TYPE_CHECKING:
     import numpy as np
@@ -27,20 +28,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # KV-cache type name -> ggml type id
-KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
-            "iq4_nl": 20, "bf16": 30}
+KV_TYPES = {
+    "f32": 0,
+    "f16": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q5_0": 6,
+    "q5_1": 7,
+    "q8_0": 8,
+    "iq4_nl": 20,
+    "bf16": 30,
+}
 DEFAULT_CONTEXT = 4096
 
 
 class LlamaCppTarget(Target):
-    name: ClassVar[str] = "llamacpp"
-    display_name: ClassVar[str] = "llama.cpp (GGUF)"
-    formats: ClassVar[tuple[str, ...]] = ("gguf",)
-    quantizations: ClassVar[tuple[str, ...]] = (
-        "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "Q4_0",
-        "IQ4_NL", "Q3_K_M", "Q2_K",
-    )
-    extra: ClassVar[str] = "gguf"
+    info: ClassVar[TargetInfo] = BY_NAME["llamacpp"]
 
     @classmethod
     def load(cls, model: str | Path, **settings: Any) -> LlamaCppSession:
@@ -86,14 +89,16 @@ class LlamaCppSession(Session):
         recipe = json.loads(recorded) if isinstance(recorded, str) else {}
         kv = (kv_cache or recipe.get("kv_cache") or "f16").lower()
         if kv not in KV_TYPES:
-            raise GenerationError(f"unknown KV-cache type {kv!r}", hint=f"use one of {', '.join(KV_TYPES)}")
+            raise GenerationError(
+                f"unknown KV-cache type {kv!r}", hint=f"use one of {', '.join(KV_TYPES)}"
+            )
         model_ctx = int(header.get(f"{arch}.context_length") or DEFAULT_CONTEXT)
         n_ctx = context or min(model_ctx, DEFAULT_CONTEXT)
         n_threads = threads or psutil.cpu_count(logical=False) or 1
         if gpu_layers and not llama_cpp.llama_supports_gpu_offload():
             raise GenerationError(
                 "gpu_layers was asked for, but this llama.cpp build has no GPU backend",
-                hint="rebuild llama-cpp-python with CUDA, Metal or Vulkan, or leave gpu_layers at 0",
+                hint="rebuild llama-cpp-python with CUDA, Metal or Vulkan, or use gpu_layers=0",
             )
         route_llamacpp_logs()
         try:
@@ -115,14 +120,15 @@ class LlamaCppSession(Session):
                 verbose=False,
             )
         except (ValueError, RuntimeError) as exc:
-            raise GenerationError(f"llama.cpp could not load {path}: {exc}",
-                                  hint="run with -v to see llama.cpp's log") from exc
+            raise GenerationError(
+                f"llama.cpp could not load {path}: {exc}", hint="run with -v to see llama.cpp's log"
+            ) from exc
         self._llama_cpp = llama_cpp
         self._add_bos = bool(header.get("tokenizer.ggml.add_bos_token", False))
         self._template = header.get("tokenizer.chat_template")
         self._keep_logits = logits
         self.info = SessionInfo(
-            target=LlamaCppTarget.name,
+            target=LlamaCppTarget.info.name,
             model_path=str(path),
             context_length=n_ctx,
             threads=n_threads,
@@ -135,8 +141,11 @@ class LlamaCppSession(Session):
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         self._check_open()
-        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=add_special and self._add_bos,
-                                       special=True))
+        return list(
+            self._llm.tokenize(
+                text.encode("utf-8"), add_bos=add_special and self._add_bos, special=True
+            )
+        )
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         self._check_open()
@@ -147,14 +156,18 @@ class LlamaCppSession(Session):
         size = self._llama_cpp.llama_vocab_n_tokens(vocab)
         if not 0 <= token < size:
             return ""
-        return self._llama_cpp.llama_vocab_get_text(vocab, token).decode("utf-8", errors="replace")
+        text: bytes = self._llama_cpp.llama_vocab_get_text(vocab, token)
+        return text.decode("utf-8", errors="replace")
 
     # --- generation ---------------------------------------------------------------------
 
-    def stream_tokens(self, prompt_tokens: Sequence[int], sampling: Sampling) -> Iterator[StreamChunk]:
+    def stream_tokens(
+        self, prompt_tokens: Sequence[int], sampling: Sampling
+    ) -> Iterator[StreamChunk]:
         self._check_open()
         llm = self._llm
-        n_ctx = llm.n_ctx()
+        # llama.cpp may round its context up; llama-cpp-python's buffers keep the size asked.
+        n_ctx = min(llm.n_ctx(), len(llm.input_ids))
         if len(prompt_tokens) >= n_ctx:
             raise GenerationError(
                 f"the prompt has {len(prompt_tokens)} tokens; the context holds {n_ctx}",
@@ -180,10 +193,14 @@ class LlamaCppSession(Session):
         try:
             for token in generator:
                 if self._cancel.is_set():
-                    yield StreamChunk(text=stops.flush() + utf8.flush(), tokens=0, finish_reason="cancelled")
+                    yield StreamChunk(
+                        text=stops.flush() + utf8.flush(), tokens=0, finish_reason="cancelled"
+                    )
                     return
                 if self._llama_cpp.llama_vocab_is_eog(vocab, token):
-                    yield StreamChunk(text=stops.flush() + utf8.flush(), tokens=0, finish_reason="stop")
+                    yield StreamChunk(
+                        text=stops.flush() + utf8.flush(), tokens=0, finish_reason="stop"
+                    )
                     return
                 count += 1
                 piece = llm.detokenize([token], prev_tokens=None)
@@ -208,11 +225,12 @@ class LlamaCppSession(Session):
             )
         llm = self._llm
         bos = self._token_text(llm.token_bos())
-        text = render_chat_template(self._template, messages, bos_token=bos,
-                                    eos_token=self._token_text(llm.token_eos()))
+        text = render_chat_template(
+            self._template, messages, bos_token=bos, eos_token=self._token_text(llm.token_eos())
+        )
         # The template may write BOS itself; tokenize() adds it when the model asks.
         if self._add_bos and bos and text.startswith(bos):
-            text = text[len(bos):]
+            text = text[len(bos) :]
         return text
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
@@ -224,7 +242,7 @@ class LlamaCppSession(Session):
                 "logits of every position were not kept", hint="load with logits=True"
             )
         with self._lock:
-            self._llm.reset()
+            self._llm.reset()  # type: ignore[no-untyped-call]
             self._llm.eval(list(tokens))
             return np.array(self._llm.scores[: len(tokens)], dtype=np.float32)
 
@@ -238,4 +256,3 @@ class LlamaCppSession(Session):
         if not self._closed:
             self._llm.close()
             self._closed = True
-

@@ -22,11 +22,10 @@ def route_llamacpp_logs() -> None:
         return
     import llama_cpp
 
-    @llama_cpp.llama_log_callback
-    def _on_log(level: int, text: bytes, _user: Any) -> None:
+    def on_log(level: int, text: bytes, _user: Any) -> None:
         message = text.decode("utf-8", errors="replace").rstrip("\n")
         if message:
             log.log(_LEVELS.get(level, logging.DEBUG), "%s", message)
 
-    _callback = _on_log
+    _callback = llama_cpp.llama_log_callback(on_log)
     llama_cpp.llama_log_set(_callback, None)
