@@ -27,6 +27,9 @@ def read_safetensors_f32(loc: TensorLocation) -> np.ndarray:
     if info.dtype == "BF16":
         raw = np.memmap(loc.file, dtype=np.uint16, mode="r", offset=loc.offset, shape=(count,))
         out = (raw.astype(np.uint32) << 16).view(np.float32)
+    elif info.dtype == "F32":
+        # No copy: the mapped pages are read once, straight into the output.
+        out = np.memmap(loc.file, dtype=np.float32, mode="r", offset=loc.offset, shape=(count,))
     elif info.dtype in _NUMPY:
         raw = np.memmap(
             loc.file, dtype=_NUMPY[info.dtype], mode="r", offset=loc.offset, shape=(count,)

@@ -149,6 +149,10 @@ class Session(ABC):
             tokens = self.tokenize(self.render_chat(messages), add_special=True)
             yield from self.stream_tokens(tokens, sampling)
 
+    def clear_cache(self) -> None:
+        """Forget cached prompt state, so the next prompt is evaluated from scratch
+        (runtimes that reuse a shared prompt prefix override this; benchmarks call it)."""
+
     def close(self) -> None:
         """Free the model's memory. Idempotent."""
         with self._lock:

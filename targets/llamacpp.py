@@ -246,6 +246,11 @@ class LlamaCppSession(Session):
             self._llm.eval(list(tokens))
             return np.array(self._llm.scores[: len(tokens)], dtype=np.float32)
 
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._check_open()
+            self._llm.reset()  # type: ignore[no-untyped-call]
+
     # --- lifetime -------------------------------------------------------------------------
 
     def _check_open(self) -> None:
