@@ -190,6 +190,7 @@ def _config(header: GGUFHeader, family: Family, dims: Dimensions) -> dict[str, A
     arch = header.get("general.architecture")
     cls, model_type, extra = _HF_CLASSES[family.key]
     config: dict[str, Any] = {
+        "_name_or_path": header.get("general.name") or header.path.stem,
         "architectures": [cls],
         "model_type": model_type,
         "hidden_size": dims.hidden_size,
