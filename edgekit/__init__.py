@@ -23,29 +23,40 @@ _EXPORTS = {
     "HostReport": "edgekit.probe",
     "default_model_path": "edgekit.default_model",
     "EdgekitError": "edgekit.errors",
+    "load": "edgekit.runtime",
+    "pack": "edgekit.bundle",
+    "VariantRequest": "edgekit.bundle",
+    "Sampling": "edgekit.targets.base",
 }
 
 __all__ = [
     "DeviceProfile",
     "EdgekitError",
     "HostReport",
+    "Sampling",
+    "VariantRequest",
     "ModelSpec",
     "TensorInfo",
     "__version__",
     "default_model_path",
     "inspect_model",
+    "load",
     "load_profile",
+    "pack",
     "probe_host",
     "profile_names",
 ]
 
 if TYPE_CHECKING:
+    from edgekit.bundle import VariantRequest, pack
     from edgekit.default_model import default_model_path
     from edgekit.devices import DeviceProfile, load_profile, profile_names
     from edgekit.errors import EdgekitError
     from edgekit.inspection import inspect_model
     from edgekit.modelspec import ModelSpec, TensorInfo
     from edgekit.probe import HostReport, probe_host
+    from edgekit.runtime import load
+    from edgekit.targets.base import Sampling
 
 
 def __getattr__(name: str) -> Any:

@@ -13,15 +13,23 @@ Hierarchy::
     │   ├── ModelFormatError        a file is corrupt, truncated or of the wrong kind
     │   ├── UnsafeModelError        a pickle checkpoint (loading it would run code)
     │   └── UnsupportedArchitectureError
+    ├── SchemaError                 a TOML/JSON document does not match its schema
     ├── ProfileError                a device profile is missing or invalid
     │   ├── ProfileNotFoundError
-    │   └── ProfileSchemaError      unknown keys, missing keys, wrong types
+    │   └── ProfileSchemaError      (also a SchemaError)
+    ├── BundleError                 a bundle is missing, invalid or tampered with
+    │   ├── BundleNotFoundError
+    │   ├── BundleSchemaError       (also a SchemaError) unknown version, keys or types
+    │   ├── BundleIntegrityError    a file is missing, or its size or checksum differs
+    │   ├── UnsafeArchiveError      an archive member escapes, links out, or is too big
+    │   └── NoUsableVariantError    no variant can run on this host
     ├── ProbeError                  a host probe part failed (the probe itself reports, not raises)
     ├── ConversionError             a conversion or quantization failed
     │   ├── UnsupportedConversionError  the source, format or option cannot be converted
     │   └── OutputExistsError       the output path exists and --force was not given
     └── TargetError                 a runtime target is unknown or cannot run here
         ├── TargetUnavailableError  its SDK or hardware is missing
+        ├── InsufficientMemoryError the model is predicted not to fit in memory
         └── GenerationError         the runtime failed while loading or generating
 """
 
@@ -75,6 +83,10 @@ class UnsupportedArchitectureError(ModelError):
     """The model's architecture is not one edgekit knows how to handle."""
 
 
+class SchemaError(EdgekitError):
+    """A TOML or JSON document does not match its schema."""
+
+
 class ProfileError(EdgekitError):
     """A device profile is missing or invalid."""
 
@@ -85,10 +97,34 @@ class ProfileNotFoundError(ProfileError):
     default_hint = "run `edgekit profiles` to list the known devices"
 
 
-class ProfileSchemaError(ProfileError):
+class ProfileSchemaError(ProfileError, SchemaError):
     """A device profile file does not match the schema."""
 
     default_hint = "see docs/profiles.md for the profile schema"
+
+
+class BundleError(EdgekitError):
+    """A bundle is missing, invalid, or has been tampered with."""
+
+
+class BundleNotFoundError(BundleError):
+    default_hint = "pass a bundle folder (with manifest.json) or a bundle .tar archive"
+
+
+class BundleSchemaError(BundleError, SchemaError):
+    default_hint = "see docs/bundle.md and docs/bundle.schema.json"
+
+
+class BundleIntegrityError(BundleError):
+    default_hint = "the bundle was modified or damaged after packing: pack it again"
+
+
+class UnsafeArchiveError(BundleError):
+    default_hint = "only open archives from sources you trust; this one was refused"
+
+
+class NoUsableVariantError(BundleError):
+    """No variant of the bundle can run on this host."""
 
 
 class ProbeError(EdgekitError):
@@ -113,6 +149,10 @@ class TargetError(EdgekitError):
 
 class TargetUnavailableError(TargetError):
     """The target's SDK or hardware is not present on this host."""
+
+
+class InsufficientMemoryError(TargetError):
+    """The model is predicted not to fit in the memory available."""
 
 
 class GenerationError(TargetError):

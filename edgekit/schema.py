@@ -12,23 +12,23 @@ import types
 import typing
 from typing import Any, TypeVar
 
-from edgekit.errors import ProfileSchemaError
+from edgekit.errors import ProfileSchemaError, SchemaError
 
 T = TypeVar("T")
 
 
-def build(cls: type[T], data: Any, where: str) -> T:
+def build(cls: type[T], data: Any, where: str, error: type[SchemaError] = ProfileSchemaError) -> T:
     """Instantiate dataclass ``cls`` from ``data``, validating keys and types.
 
     Raises:
-        ProfileSchemaError: unknown or missing keys, or a value of the wrong type.
+        ``error`` (a SchemaError): unknown or missing keys, or a value of the wrong type.
     """
     if not isinstance(data, dict):
-        raise ProfileSchemaError(f"{where}: expected a table, found {type(data).__name__}")
+        raise error(f"{where}: expected a table, found {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ProfileSchemaError(
+        raise error(
             f"{where}: unknown key(s) {', '.join(unknown)}",
             hint=f"allowed keys: {', '.join(sorted(fields))}",
         )
@@ -38,13 +38,13 @@ def build(cls: type[T], data: Any, where: str) -> T:
         if name not in data:
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             if required:
-                raise ProfileSchemaError(f"{where}: missing required key {name!r}")
+                raise error(f"{where}: missing required key {name!r}")
             continue
-        values[name] = _convert(hints[name], data[name], f"{where}.{name}")
+        values[name] = _convert(hints[name], data[name], f"{where}.{name}", error)
     return cls(**values)
 
 
-def _convert(tp: Any, value: Any, where: str) -> Any:
+def _convert(tp: Any, value: Any, where: str, error: type[SchemaError]) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -55,27 +55,27 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _convert(arg, value, where)
-            except ProfileSchemaError as exc:
+                return _convert(arg, value, where, error)
+            except SchemaError as exc:
                 errors.append(exc.message)
-        raise ProfileSchemaError(errors[0] if len(errors) == 1 else f"{where}: wrong type")
+        raise error(errors[0] if len(errors) == 1 else f"{where}: wrong type")
     if origin is typing.Literal:
         if value not in args:
-            raise ProfileSchemaError(
+            raise error(
                 f"{where}: {value!r} is not one of {', '.join(repr(a) for a in args)}"
             )
         return value
     if origin is tuple:
         if not isinstance(value, list | tuple):
-            raise ProfileSchemaError(f"{where}: expected a list, found {type(value).__name__}")
+            raise error(f"{where}: expected a list, found {type(value).__name__}")
         item = args[0]
-        return tuple(_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(_convert(item, v, f"{where}[{i}]", error) for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise ProfileSchemaError(f"{where}: expected a table, found {type(value).__name__}")
-        return {str(k): _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
+            raise error(f"{where}: expected a table, found {type(value).__name__}")
+        return {str(k): _convert(args[1], v, f"{where}.{k}", error) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        return build(tp, value, where)  # type: ignore[arg-type]
+        return build(tp, value, where, error)  # type: ignore[arg-type]
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
@@ -84,6 +84,6 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             return value
     elif tp is Any or isinstance(value, tp):
         return value
-    raise ProfileSchemaError(
+    raise error(
         f"{where}: expected {getattr(tp, '__name__', tp)}, found {type(value).__name__} {value!r}"
     )

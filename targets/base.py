@@ -71,9 +71,14 @@ class SessionInfo:
 
 
 class Session(ABC):
-    """One loaded model. Use as a context manager, or call ``close``."""
+    """One loaded model. Use as a context manager, or call ``close``.
+
+    ``bundle`` and ``variant`` are set when the session came from ``edgekit.load``.
+    """
 
     info: SessionInfo
+    bundle: Any = None
+    variant: Any = None
 
     def __init__(self) -> None:
         self._lock = threading.RLock()

@@ -77,4 +77,11 @@ def emit_json(data: Any) -> None:
 
 
 # Commands register themselves on ``main`` when their modules are imported.
-from edgekit.cli import convert_cmd, inspect_cmd, probe_cmd, profiles_cmd  # noqa: E402,F401
+from edgekit.cli import (  # noqa: E402,F401
+    bundle_cmd,
+    convert_cmd,
+    inspect_cmd,
+    probe_cmd,
+    profiles_cmd,
+    run_cmd,
+)

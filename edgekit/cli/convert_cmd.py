@@ -6,10 +6,8 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-
 from edgekit.cli import emit_json, err_console, json_option, main
-from edgekit.progress import ProgressEvent
+from edgekit.cli.progress import progress_bars
 
 
 @main.command("convert")
@@ -42,22 +40,7 @@ def convert_command(
     """Convert SRC (a Hugging Face folder or a .gguf file) to GGUF or to a Hugging Face folder."""
     from edgekit.converters.convert import convert_model
 
-    tasks: dict[str, TaskID] = {}
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[detail]}"),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=as_json,
-    ) as bar:
-
-        def on_progress(event: ProgressEvent) -> None:
-            if event.stage not in tasks:
-                tasks[event.stage] = bar.add_task(event.stage, total=event.total, detail="")
-            bar.update(tasks[event.stage], completed=event.done, detail=event.detail[-40:])
-
+    with progress_bars(disable=as_json) as on_progress:
         result = convert_model(
             src,
             "hf" if to == "hf" else "gguf",

@@ -1,0 +1,356 @@
+"""Bundles: a folder (or one .tar of it) with manifest.json and the variants' files.
+
+    bundle/
+      manifest.json           schema: docs/bundle.schema.json
+      gguf-q4_k_m/model.gguf  one folder per variant
+      gguf-q8_0/model.gguf
+
+``pack`` converts a model into one or more variants and writes the bundle atomically;
+``open_bundle`` reads a folder or an archive (extracted safely into a cache);
+``verify_bundle`` checks sizes and, when asked, checksums; ``choose_variant`` picks the
+best variant that can run on this host and fits its memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import socket
+import tempfile
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from edgekit import __version__
+from edgekit.archive import extract_archive, write_archive
+from edgekit.atomic import atomic_path, check_destination
+from edgekit.errors import (
+    BundleIntegrityError,
+    BundleNotFoundError,
+    InsufficientMemoryError,
+    NoUsableVariantError,
+    UnsupportedConversionError,
+)
+from edgekit.inspection import inspect_model
+from edgekit.manifest import (
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    FileEntry,
+    Figures,
+    Manifest,
+    ModelIdentity,
+    Provenance,
+    RuntimeSettings,
+    SourceModel,
+    TokenizerInfo,
+    Variant,
+    read_manifest,
+)
+from edgekit.memory_estimate import MemoryEstimate, estimate_memory
+from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
+
+GB = 1e9
+DEFAULT_CONTEXT = 4096
+# target -> (bundle format, file name inside the variant folder)
+PACKABLE = {"llamacpp": ("gguf", "model.gguf")}
+_BACKENDS = ("llama-cpp-python", "gguf", "openvino", "onnxruntime", "mlx")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariantRequest:
+    target: str = "llamacpp"
+    quant: str = "Q4_K_M"
+    recipe: str | None = None  # key=value options, as on the CLI
+    context: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackResult:
+    path: Path
+    manifest: Manifest
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenedBundle:
+    folder: Path
+    manifest: Manifest
+
+    def variant_path(self, variant: Variant) -> Path:
+        return self.folder / variant.files[0].path
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _source_checksum(path: Path) -> str:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.relative_to(path.parent if path.is_file() else path)}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def pack(
+    model: str | Path,
+    out: str | Path,
+    variants: list[VariantRequest],
+    *,
+    name: str | None = None,
+    archive: bool = False,
+    force: bool = False,
+    progress: ProgressCallback = no_progress,
+) -> PackResult:
+    """Convert ``model`` into each requested variant and write one bundle at ``out``.
+
+    With ``archive``, ``out`` is a .tar file of the bundle folder instead of the folder.
+
+    Raises:
+        UnsupportedConversionError: a target or format that cannot be packed (before any work).
+        OutputExistsError: ``out`` exists and ``force`` is not set.
+        ModelError, ConversionError: from inspection and conversion; nothing is left at ``out``.
+    """
+    from edgekit.converters.convert import convert_model
+    from edgekit.converters.gguf_formats import GGUF_FORMATS
+    from edgekit.converters.recipe import Recipe
+
+    model, out = Path(model), Path(out)
+    check_destination(out, force=force)
+    if not variants:
+        raise UnsupportedConversionError("no variant asked for", hint="pass --quant Q4_K_M (or several)")
+    for request in variants:
+        if request.target not in PACKABLE:
+            raise UnsupportedConversionError(
+                f"target {request.target!r} cannot be packed yet",
+                hint=f"packable targets: {', '.join(PACKABLE)}",
+            )
+        if request.quant.upper() not in GGUF_FORMATS:
+            raise UnsupportedConversionError(
+                f"{request.quant!r} is not a GGUF type", hint=f"choose one of {', '.join(GGUF_FORMATS)}"
+            )
+        Recipe(weights=request.quant.upper()).with_options(request.recipe)  # validate early
+    spec = inspect_model(model)
+    bundle_name = name or out.name.removesuffix(".tar")
+
+    with atomic_path(out, force=force) as tmp_out:
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.build-") as build:
+            folder = (Path(build) / bundle_name) if archive else tmp_out
+            folder.mkdir(parents=True)
+            built: list[Variant] = []
+            warnings: list[str] = []
+            for i, request in enumerate(variants):
+                fmt, filename = PACKABLE[request.target]
+                quant = request.quant.upper()
+                variant_name = f"{fmt}-{quant.lower()}"
+                (folder / variant_name).mkdir()
+                target_file = folder / variant_name / filename
+                progress(ProgressEvent(stage="pack", done=i, total=len(variants), detail=variant_name))
+                converted = convert_model(
+                    model, "gguf", target_file, quant=quant, recipe=request.recipe, progress=progress
+                )
+                warnings.extend(w for w in converted.warnings if w not in warnings)
+                recipe = Recipe(weights=quant).with_options(request.recipe)
+                context = request.context or min(spec.context_length, DEFAULT_CONTEXT)
+                estimate = estimate_memory(
+                    inspect_model(target_file), weight_bytes=target_file.stat().st_size,
+                    context=context, kv_cache=recipe.kv_cache,
+                )
+                built.append(
+                    Variant(
+                        name=variant_name,
+                        target=request.target,
+                        format=fmt,
+                        quant=quant,
+                        recipe=asdict(recipe),
+                        files=(FileEntry(path=f"{variant_name}/{filename}",
+                                         size=target_file.stat().st_size,
+                                         sha256=sha256_file(target_file)),),
+                        runtime=RuntimeSettings(context=context, kv_cache=recipe.kv_cache),
+                        predicted=Figures(memory_bytes=estimate.total, source="estimate"),
+                    )
+                )
+            manifest = Manifest(
+                schema_version=SCHEMA_VERSION,
+                name=bundle_name,
+                model=ModelIdentity(
+                    name=spec.name or model.name,
+                    family=spec.family,
+                    architecture=spec.architecture,
+                    parameters=spec.parameters,
+                    context_length=spec.context_length,
+                    source=SourceModel(path=str(model), format=spec.format,
+                                       sha256=_source_checksum(model), file_type=spec.file_type),
+                ),
+                tokenizer=_tokenizer_info(folder / built[0].files[0].path),
+                variants=tuple(built),
+                provenance=Provenance(
+                    edgekit_version=__version__,
+                    created=datetime.now(UTC).isoformat(timespec="seconds"),
+                    backends=_backend_versions(),
+                    host=f"{socket.gethostname()} ({platform.system()} {platform.machine()})",
+                ),
+            )
+            (folder / MANIFEST_NAME).write_text(manifest.to_json())
+            verify_bundle(folder, read_manifest(folder), checksums=True)
+            progress(ProgressEvent(stage="pack", done=len(variants), total=len(variants), detail="verified"))
+            if archive:
+                write_archive(folder, tmp_out)
+    return PackResult(path=out, manifest=manifest, warnings=tuple(warnings))
+
+
+def _tokenizer_info(gguf_file: Path) -> TokenizerInfo:
+    from edgekit.gguf_header import read_gguf_header
+
+    header = read_gguf_header(gguf_file, keep_arrays=True)
+    tokens = header.get("tokenizer.ggml.tokens") or []
+
+    def token(key: str) -> str | None:
+        i = header.get(f"tokenizer.ggml.{key}")
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+    template = header.get("tokenizer.chat_template")
+    kind = {"gpt2": "bpe-byte-level", "llama": "sentencepiece"}.get(str(header.get("tokenizer.ggml.model")))
+    return TokenizerInfo(kind=kind, chat_template=template if isinstance(template, str) else None,
+                         bos_token=token("bos_token_id"), eos_token=token("eos_token_id"))
+
+
+def _backend_versions() -> dict[str, str]:
+    found = {}
+    for dist in _BACKENDS:
+        try:
+            found[dist] = version(dist)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def cache_folder() -> Path:
+    """Where archives are extracted: $EDGEKIT_CACHE, else ~/.cache/edgekit."""
+    root = os.environ.get("EDGEKIT_CACHE") or Path.home() / ".cache" / "edgekit"
+    return Path(root) / "bundles"
+
+
+def open_bundle(path: str | Path) -> OpenedBundle:
+    """A bundle folder, or an archive extracted (once) into the cache.
+
+    Raises:
+        BundleNotFoundError: nothing at ``path``, or no manifest.json in it.
+        BundleSchemaError: the manifest is invalid or of an unknown version.
+        UnsafeArchiveError: the archive was refused.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise BundleNotFoundError(f"{path}: no such bundle")
+    if path.is_file():
+        stat = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        dest = cache_folder() / key
+        existing = [p for p in dest.iterdir() if p.is_dir()] if dest.is_dir() else []
+        folder = existing[0] if len(existing) == 1 and (existing[0] / MANIFEST_NAME).is_file() else None
+        if folder is None:
+            with atomic_path(dest, force=True) as tmp:
+                extract_archive(path, tmp)
+            folder = next(p for p in dest.iterdir() if p.is_dir())
+        path = folder
+    if not (path / MANIFEST_NAME).is_file():
+        raise BundleNotFoundError(f"{path}: no {MANIFEST_NAME}, so this is not a bundle")
+    return OpenedBundle(folder=path, manifest=read_manifest(path))
+
+
+def verify_bundle(folder: Path, manifest: Manifest, *, checksums: bool = True) -> None:
+    """Check every file's presence and size, and its sha256 when ``checksums``.
+
+    Raises:
+        BundleIntegrityError: every mismatch found, listed.
+    """
+    problems = []
+    for variant in manifest.variants:
+        for entry in variant.files:
+            f = folder / entry.path
+            if not f.is_file():
+                problems.append(f"{entry.path}: missing")
+            elif f.stat().st_size != entry.size:
+                problems.append(f"{entry.path}: {f.stat().st_size} bytes, the manifest says {entry.size}")
+            elif checksums and sha256_file(f) != entry.sha256:
+                problems.append(f"{entry.path}: sha256 differs from the manifest")
+    if problems:
+        raise BundleIntegrityError(f"{folder}: " + "; ".join(problems))
+
+
+def variant_memory(opened: OpenedBundle, variant: Variant, context: int | None = None) -> MemoryEstimate:
+    """Predicted memory of ``variant`` at ``context`` (default: its runtime setting)."""
+    path = opened.variant_path(variant)
+    return estimate_memory(
+        inspect_model(path), weight_bytes=variant.size,
+        context=context or variant.runtime.context, kv_cache=variant.runtime.kv_cache,
+    )
+
+
+def _quality_rank(variant: Variant) -> float:
+    from edgekit.converters.gguf_formats import GGUF_FORMATS
+
+    fmt = GGUF_FORMATS.get(variant.quant)
+    return fmt.bits_per_weight if fmt else 16.0
+
+
+def choose_variant(
+    opened: OpenedBundle,
+    *,
+    requested: str | None,
+    available_bytes: int,
+    runnable: set[str],
+    context: int | None = None,
+    force: bool = False,
+) -> Variant:
+    """The requested variant, or the highest-quality one this host can run and hold.
+
+    Raises:
+        NoUsableVariantError: no variant's target is installed and usable here.
+        InsufficientMemoryError: the chosen (or every) variant is predicted not to fit;
+            the message says by how much and which smaller variant would fit.
+    """
+    manifest = opened.manifest
+    if requested is not None:
+        chosen = manifest.variant(requested)
+        if chosen.target not in runnable:
+            raise NoUsableVariantError(
+                f"variant {chosen.name} needs target {chosen.target!r}, which cannot run here",
+                hint="run `edgekit probe` to see the usable targets",
+            )
+        candidates = [chosen]
+    else:
+        candidates = sorted((v for v in manifest.variants if v.target in runnable), key=_quality_rank, reverse=True)
+        if not candidates:
+            targets = ", ".join(sorted({v.target for v in manifest.variants}))
+            raise NoUsableVariantError(
+                f"no variant of {manifest.name} can run here (it has {targets})",
+                hint="install the target's extra, or pack a variant for a target this host has",
+            )
+    sized = [(v, variant_memory(opened, v, context).total) for v in candidates]
+    for v, need in sized:
+        if need <= available_bytes or force:
+            return v
+    v, need = sized[0]
+    fitting = [
+        (o.name, variant_memory(opened, o, context).total)
+        for o in manifest.variants
+        if o.target in runnable and variant_memory(opened, o, context).total <= available_bytes
+    ]
+    suggestion = (
+        f"variant {fitting[0][0]} ({fitting[0][1] / GB:.2f} GB) would fit"
+        if fitting
+        else "a smaller format (e.g. Q4_K_M or Q3_K_M) or a shorter context would be needed"
+    )
+    raise InsufficientMemoryError(
+        f"variant {v.name} needs {need / GB:.2f} GB (predicted); this host has "
+        f"{available_bytes / GB:.2f} GB available: {(need - available_bytes) / GB:.2f} GB short",
+        hint=f"{suggestion}; force=True (--force) loads it anyway",
+    )
+
