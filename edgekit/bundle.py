@@ -37,8 +37,8 @@ from edgekit.inspection import inspect_model
 from edgekit.manifest import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
-    FileEntry,
     Figures,
+    FileEntry,
     Manifest,
     ModelIdentity,
     Provenance,
@@ -94,7 +94,9 @@ def _source_checksum(path: Path) -> str:
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f.relative_to(path.parent if path.is_file() else path)}\0{sha256_file(f)}\n".encode())
+        h.update(
+            f"{f.relative_to(path.parent if path.is_file() else path)}\0{sha256_file(f)}\n".encode()
+        )
     return h.hexdigest()
 
 
@@ -124,7 +126,9 @@ def pack(
     model, out = Path(model), Path(out)
     check_destination(out, force=force)
     if not variants:
-        raise UnsupportedConversionError("no variant asked for", hint="pass --quant Q4_K_M (or several)")
+        raise UnsupportedConversionError(
+            "no variant asked for", hint="pass --quant Q4_K_M (or several)"
+        )
     for request in variants:
         if request.target not in PACKABLE:
             raise UnsupportedConversionError(
@@ -133,75 +137,95 @@ def pack(
             )
         if request.quant.upper() not in GGUF_FORMATS:
             raise UnsupportedConversionError(
-                f"{request.quant!r} is not a GGUF type", hint=f"choose one of {', '.join(GGUF_FORMATS)}"
+                f"{request.quant!r} is not a GGUF type",
+                hint=f"choose one of {', '.join(GGUF_FORMATS)}",
             )
         Recipe(weights=request.quant.upper()).with_options(request.recipe)  # validate early
     spec = inspect_model(model)
     bundle_name = name or out.name.removesuffix(".tar")
 
-    with atomic_path(out, force=force) as tmp_out:
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.build-") as build:
-            folder = (Path(build) / bundle_name) if archive else tmp_out
-            folder.mkdir(parents=True)
-            built: list[Variant] = []
-            warnings: list[str] = []
-            for i, request in enumerate(variants):
-                fmt, filename = PACKABLE[request.target]
-                quant = request.quant.upper()
-                variant_name = f"{fmt}-{quant.lower()}"
-                (folder / variant_name).mkdir()
-                target_file = folder / variant_name / filename
-                progress(ProgressEvent(stage="pack", done=i, total=len(variants), detail=variant_name))
-                converted = convert_model(
-                    model, "gguf", target_file, quant=quant, recipe=request.recipe, progress=progress
-                )
-                warnings.extend(w for w in converted.warnings if w not in warnings)
-                recipe = Recipe(weights=quant).with_options(request.recipe)
-                context = request.context or min(spec.context_length, DEFAULT_CONTEXT)
-                estimate = estimate_memory(
-                    inspect_model(target_file), weight_bytes=target_file.stat().st_size,
-                    context=context, kv_cache=recipe.kv_cache,
-                )
-                built.append(
-                    Variant(
-                        name=variant_name,
-                        target=request.target,
-                        format=fmt,
-                        quant=quant,
-                        recipe=asdict(recipe),
-                        files=(FileEntry(path=f"{variant_name}/{filename}",
-                                         size=target_file.stat().st_size,
-                                         sha256=sha256_file(target_file)),),
-                        runtime=RuntimeSettings(context=context, kv_cache=recipe.kv_cache),
-                        predicted=Figures(memory_bytes=estimate.total, source="estimate"),
-                    )
-                )
-            manifest = Manifest(
-                schema_version=SCHEMA_VERSION,
-                name=bundle_name,
-                model=ModelIdentity(
-                    name=spec.name or model.name,
-                    family=spec.family,
-                    architecture=spec.architecture,
-                    parameters=spec.parameters,
-                    context_length=spec.context_length,
-                    source=SourceModel(path=str(model), format=spec.format,
-                                       sha256=_source_checksum(model), file_type=spec.file_type),
-                ),
-                tokenizer=_tokenizer_info(folder / built[0].files[0].path),
-                variants=tuple(built),
-                provenance=Provenance(
-                    edgekit_version=__version__,
-                    created=datetime.now(UTC).isoformat(timespec="seconds"),
-                    backends=_backend_versions(),
-                    host=f"{socket.gethostname()} ({platform.system()} {platform.machine()})",
-                ),
+    with (
+        atomic_path(out, force=force) as tmp_out,
+        tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.build-") as build,
+    ):
+        folder = (Path(build) / bundle_name) if archive else tmp_out
+        folder.mkdir(parents=True)
+        built: list[Variant] = []
+        warnings: list[str] = []
+        for i, request in enumerate(variants):
+            fmt, filename = PACKABLE[request.target]
+            quant = request.quant.upper()
+            variant_name = f"{fmt}-{quant.lower()}"
+            (folder / variant_name).mkdir()
+            target_file = folder / variant_name / filename
+            progress(ProgressEvent(stage="pack", done=i, total=len(variants), detail=variant_name))
+            converted = convert_model(
+                model,
+                "gguf",
+                target_file,
+                quant=quant,
+                recipe=request.recipe,
+                progress=progress,
             )
-            (folder / MANIFEST_NAME).write_text(manifest.to_json())
-            verify_bundle(folder, read_manifest(folder), checksums=True)
-            progress(ProgressEvent(stage="pack", done=len(variants), total=len(variants), detail="verified"))
-            if archive:
-                write_archive(folder, tmp_out)
+            warnings.extend(w for w in converted.warnings if w not in warnings)
+            recipe = Recipe(weights=quant).with_options(request.recipe)
+            context = request.context or min(spec.context_length, DEFAULT_CONTEXT)
+            estimate = estimate_memory(
+                inspect_model(target_file),
+                weight_bytes=target_file.stat().st_size,
+                context=context,
+                kv_cache=recipe.kv_cache,
+            )
+            built.append(
+                Variant(
+                    name=variant_name,
+                    target=request.target,
+                    format=fmt,
+                    quant=quant,
+                    recipe=asdict(recipe),
+                    files=(
+                        FileEntry(
+                            path=f"{variant_name}/{filename}",
+                            size=target_file.stat().st_size,
+                            sha256=sha256_file(target_file),
+                        ),
+                    ),
+                    runtime=RuntimeSettings(context=context, kv_cache=recipe.kv_cache),
+                    predicted=Figures(memory_bytes=estimate.total, source="estimate"),
+                )
+            )
+        manifest = Manifest(
+            schema_version=SCHEMA_VERSION,
+            name=bundle_name,
+            model=ModelIdentity(
+                name=spec.name or model.name,
+                family=spec.family,
+                architecture=spec.architecture,
+                parameters=spec.parameters,
+                context_length=spec.context_length,
+                source=SourceModel(
+                    path=str(model),
+                    format=spec.format,
+                    sha256=_source_checksum(model),
+                    file_type=spec.file_type,
+                ),
+            ),
+            tokenizer=_tokenizer_info(folder / built[0].files[0].path),
+            variants=tuple(built),
+            provenance=Provenance(
+                edgekit_version=__version__,
+                created=datetime.now(UTC).isoformat(timespec="seconds"),
+                backends=_backend_versions(),
+                host=f"{socket.gethostname()} ({platform.system()} {platform.machine()})",
+            ),
+        )
+        (folder / MANIFEST_NAME).write_text(manifest.to_json())
+        verify_bundle(folder, read_manifest(folder), checksums=True)
+        progress(
+            ProgressEvent(stage="pack", done=len(variants), total=len(variants), detail="verified")
+        )
+        if archive:
+            write_archive(folder, tmp_out)
     return PackResult(path=out, manifest=manifest, warnings=tuple(warnings))
 
 
@@ -216,9 +240,15 @@ def _tokenizer_info(gguf_file: Path) -> TokenizerInfo:
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
 
     template = header.get("tokenizer.chat_template")
-    kind = {"gpt2": "bpe-byte-level", "llama": "sentencepiece"}.get(str(header.get("tokenizer.ggml.model")))
-    return TokenizerInfo(kind=kind, chat_template=template if isinstance(template, str) else None,
-                         bos_token=token("bos_token_id"), eos_token=token("eos_token_id"))
+    kind = {"gpt2": "bpe-byte-level", "llama": "sentencepiece"}.get(
+        str(header.get("tokenizer.ggml.model"))
+    )
+    return TokenizerInfo(
+        kind=kind,
+        chat_template=template if isinstance(template, str) else None,
+        bos_token=token("bos_token_id"),
+        eos_token=token("eos_token_id"),
+    )
 
 
 def _backend_versions() -> dict[str, str]:
@@ -250,10 +280,14 @@ def open_bundle(path: str | Path) -> OpenedBundle:
         raise BundleNotFoundError(f"{path}: no such bundle")
     if path.is_file():
         stat = path.stat()
-        key = hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        key = hashlib.sha256(
+            f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
+        ).hexdigest()[:16]
         dest = cache_folder() / key
         existing = [p for p in dest.iterdir() if p.is_dir()] if dest.is_dir() else []
-        folder = existing[0] if len(existing) == 1 and (existing[0] / MANIFEST_NAME).is_file() else None
+        folder = (
+            existing[0] if len(existing) == 1 and (existing[0] / MANIFEST_NAME).is_file() else None
+        )
         if folder is None:
             with atomic_path(dest, force=True) as tmp:
                 extract_archive(path, tmp)
@@ -270,26 +304,42 @@ def verify_bundle(folder: Path, manifest: Manifest, *, checksums: bool = True) -
     Raises:
         BundleIntegrityError: every mismatch found, listed.
     """
+    verify_variants(folder, manifest.variants, checksums=checksums)
+
+
+def verify_variants(folder: Path, variants: tuple[Variant, ...], *, checksums: bool) -> None:
+    """``verify_bundle`` for some variants only (a damaged variant nobody loads is no obstacle)."""
     problems = []
-    for variant in manifest.variants:
+    for variant in variants:
         for entry in variant.files:
             f = folder / entry.path
             if not f.is_file():
                 problems.append(f"{entry.path}: missing")
             elif f.stat().st_size != entry.size:
-                problems.append(f"{entry.path}: {f.stat().st_size} bytes, the manifest says {entry.size}")
+                problems.append(
+                    f"{entry.path}: {f.stat().st_size} bytes, the manifest says {entry.size}"
+                )
             elif checksums and sha256_file(f) != entry.sha256:
                 problems.append(f"{entry.path}: sha256 differs from the manifest")
     if problems:
         raise BundleIntegrityError(f"{folder}: " + "; ".join(problems))
 
 
-def variant_memory(opened: OpenedBundle, variant: Variant, context: int | None = None) -> MemoryEstimate:
-    """Predicted memory of ``variant`` at ``context`` (default: its runtime setting)."""
+def variant_memory(
+    opened: OpenedBundle, variant: Variant, context: int | None = None
+) -> MemoryEstimate:
+    """Predicted memory of ``variant`` at ``context`` (default: its runtime setting).
+
+    Raises:
+        BundleIntegrityError: the variant's files are missing or of the wrong size.
+    """
+    verify_variants(opened.folder, (variant,), checksums=False)
     path = opened.variant_path(variant)
     return estimate_memory(
-        inspect_model(path), weight_bytes=variant.size,
-        context=context or variant.runtime.context, kv_cache=variant.runtime.kv_cache,
+        inspect_model(path),
+        weight_bytes=variant.size,
+        context=context or variant.runtime.context,
+        kv_cache=variant.runtime.kv_cache,
     )
 
 
@@ -326,7 +376,9 @@ def choose_variant(
             )
         candidates = [chosen]
     else:
-        candidates = sorted((v for v in manifest.variants if v.target in runnable), key=_quality_rank, reverse=True)
+        candidates = sorted(
+            (v for v in manifest.variants if v.target in runnable), key=_quality_rank, reverse=True
+        )
         if not candidates:
             targets = ", ".join(sorted({v.target for v in manifest.variants}))
             raise NoUsableVariantError(
@@ -353,4 +405,3 @@ def choose_variant(
         f"{available_bytes / GB:.2f} GB available: {(need - available_bytes) / GB:.2f} GB short",
         hint=f"{suggestion}; force=True (--force) loads it anyway",
     )
-

@@ -190,12 +190,20 @@ def json_schema() -> dict[str, Any]:
                     "additionalProperties": False,
                     "properties": {f.name: of(hints[f.name]) for f in fields},
                     "required": [
-                        f.name for f in fields
-                        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                        f.name
+                        for f in fields
+                        if f.default is dataclasses.MISSING
+                        and f.default_factory is dataclasses.MISSING
                     ],
                 }
             return {"$ref": f"#/$defs/{name}"}
-        simple = {int: "integer", float: "number", str: "string", bool: "boolean", type(None): "null"}
+        simple = {
+            int: "integer",
+            float: "number",
+            str: "string",
+            bool: "boolean",
+            type(None): "null",
+        }
         if tp in simple:
             return {"type": simple[tp]}
         return {}

@@ -18,8 +18,15 @@ from edgekit.modelspec import ModelSpec
 
 # KV-cache type -> bytes per element (block types include their scales)
 KV_BYTES: dict[str, float] = {
-    "f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-    "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32,
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+    "iq4_nl": 18 / 32,
 }
 RUNTIME_BASE = 48 << 20
 OUTPUT_BUFFER_ROWS = 64
@@ -36,7 +43,9 @@ class MemoryEstimate:
         return self.weights + self.kv_cache + self.runtime
 
 
-def estimate_memory(spec: ModelSpec, *, weight_bytes: int, context: int, kv_cache: str = "f16") -> MemoryEstimate:
+def estimate_memory(
+    spec: ModelSpec, *, weight_bytes: int, context: int, kv_cache: str = "f16"
+) -> MemoryEstimate:
     per_element = KV_BYTES.get(kv_cache, 2.0)
     kv = int(2 * spec.layers * spec.kv_heads * spec.head_dim * context * per_element)
     runtime = RUNTIME_BASE + spec.vocab_size * 4 * OUTPUT_BUFFER_ROWS

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from edgekit.bundle import OpenedBundle, choose_variant, open_bundle, verify_bundle
+from edgekit.bundle import choose_variant, open_bundle, verify_variants
 from edgekit.errors import TargetError
 from edgekit.manifest import Variant
 from edgekit.targets.base import Session
@@ -50,7 +50,8 @@ def load(
 
     opened = open_bundle(bundle)
     runnable = {
-        name for name in registered_targets()
+        name
+        for name in registered_targets()
         if name in BY_NAME and target_status(BY_NAME[name]).usable
     }
     chosen = choose_variant(
@@ -61,21 +62,21 @@ def load(
         context=settings.get("context"),
         force=force,
     )
-    # Sizes always (cheap); checksums only when asked (they read every byte).
-    verify_bundle(opened.folder, _only(opened, chosen), checksums=verify)
+    # Sizes were checked while choosing; checksums only when asked (they read every byte).
+    if verify:
+        verify_variants(opened.folder, (chosen,), checksums=True)
     target = get_target(chosen.target)
-    merged = {"context": chosen.runtime.context, "kv_cache": chosen.runtime.kv_cache,
-              "threads": chosen.runtime.threads, **_device_settings(chosen, device), **settings}
+    merged = {
+        "context": chosen.runtime.context,
+        "kv_cache": chosen.runtime.kv_cache,
+        "threads": chosen.runtime.threads,
+        **_device_settings(chosen, device),
+        **settings,
+    }
     session = target.load(opened.variant_path(chosen), **merged)
     session.bundle = opened
     session.variant = chosen
     return session
-
-
-def _only(opened: OpenedBundle, variant: Variant) -> Any:
-    from dataclasses import replace
-
-    return replace(opened.manifest, variants=(variant,))
 
 
 def _device_settings(variant: Variant, device: str) -> dict[str, Any]:

@@ -61,9 +61,7 @@ def _convert(tp: Any, value: Any, where: str, error: type[SchemaError]) -> Any:
         raise error(errors[0] if len(errors) == 1 else f"{where}: wrong type")
     if origin is typing.Literal:
         if value not in args:
-            raise error(
-                f"{where}: {value!r} is not one of {', '.join(repr(a) for a in args)}"
-            )
+            raise error(f"{where}: {value!r} is not one of {', '.join(repr(a) for a in args)}")
         return value
     if origin is tuple:
         if not isinstance(value, list | tuple):

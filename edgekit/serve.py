@@ -110,7 +110,10 @@ def create_app(session: Session, config: ServeConfig) -> Any:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise _ApiError(400, "max_tokens must be a positive integer")
         if max_tokens > config.max_tokens_limit:
-            raise _ApiError(400, f"max_tokens {max_tokens} is over this server's limit of {config.max_tokens_limit}")
+            raise _ApiError(
+                400,
+                f"max_tokens {max_tokens} is over this server's limit of {config.max_tokens_limit}",
+            )
         if body.get("n", 1) != 1:
             raise _ApiError(400, "only n=1 is supported")
         stop = body.get("stop") or ()
@@ -128,13 +131,26 @@ def create_app(session: Session, config: ServeConfig) -> Any:
 
     async def models(request: Request) -> Response:
         try:
-            if config.api_key and request.headers.get("authorization") != f"Bearer {config.api_key}":
+            if (
+                config.api_key
+                and request.headers.get("authorization") != f"Bearer {config.api_key}"
+            ):
                 raise _ApiError(401, "invalid or missing API key", "authentication_error")
         except _ApiError as exc:
             return error(exc)
-        return JSONResponse({"object": "list", "data": [
-            {"id": config.model_name, "object": "model", "created": int(time.time()), "owned_by": "edgekit"}
-        ]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": config.model_name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "edgekit",
+                    }
+                ],
+            }
+        )
 
     async def completions(request: Request) -> Response:
         return await handle(request, chat=False)
@@ -162,15 +178,25 @@ def create_app(session: Session, config: ServeConfig) -> Any:
             return error(_ApiError(400, str(exc)))
         if not admission.enter():
             stats.rejected_busy += 1
-            return error(_ApiError(503, "the server is busy: the request queue is full", "server_busy"))
+            return error(
+                _ApiError(503, "the server is busy: the request queue is full", "server_busy")
+            )
         stats.requests += 1
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         chunks = _generate(session, prompt_tokens, params)
         if body.get("stream"):
             return StreamingResponse(
-                _sse(chunks, session, admission, stats, chat=chat, ident=ident, created=created,
-                     model=config.model_name),
+                _sse(
+                    chunks,
+                    session,
+                    admission,
+                    stats,
+                    chat=chat,
+                    ident=ident,
+                    created=created,
+                    model=config.model_name,
+                ),
                 media_type="text/event-stream",
             )
         try:
@@ -180,22 +206,34 @@ def create_app(session: Session, config: ServeConfig) -> Any:
         finally:
             admission.leave()
         stats.finish_reasons.append(reason)
-        usage = {"prompt_tokens": len(prompt_tokens), "completion_tokens": count,
-                 "total_tokens": len(prompt_tokens) + count}
+        usage = {
+            "prompt_tokens": len(prompt_tokens),
+            "completion_tokens": count,
+            "total_tokens": len(prompt_tokens) + count,
+        }
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(reason), "logprobs": None}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return JSONResponse({"id": ident, "object": "chat.completion" if chat else "text_completion",
-                             "created": created, "model": config.model_name, "choices": [choice],
-                             "usage": usage})
+        return JSONResponse(
+            {
+                "id": ident,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": config.model_name,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
 
-    app = Starlette(routes=[
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        ]
+    )
     app.state.stats = stats
     return app
 
@@ -221,8 +259,15 @@ def _finish(reason: str) -> str:
 
 
 async def _sse(
-    chunks: Iterator[StreamChunk], session: Session, admission: _Admission, stats: ServeStats,
-    *, chat: bool, ident: str, created: int, model: str,
+    chunks: Iterator[StreamChunk],
+    session: Session,
+    admission: _Admission,
+    stats: ServeStats,
+    *,
+    chat: bool,
+    ident: str,
+    created: int,
+    model: str,
 ) -> AsyncIterator[str]:
     """Server-sent events from a generation running on a worker thread.
 
@@ -247,12 +292,31 @@ async def _sse(
 
     def event(delta_text: str | None, finish: str | None, role: bool = False) -> str:
         if chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
-                {"content": delta_text} if delta_text is not None else {})
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            delta: dict[str, Any] = (
+                {"role": "assistant", "content": ""}
+                if role
+                else ({"content": delta_text} if delta_text is not None else {})
+            )
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "finish_reason": finish,
+                "logprobs": None,
+            }
         else:
-            choice = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": None}
-        payload = {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
+            choice = {
+                "index": 0,
+                "text": delta_text or "",
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+        payload = {
+            "id": ident,
+            "object": kind,
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
         return f"data: {json.dumps(payload)}\n\n"
 
     finished = False

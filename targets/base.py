@@ -154,7 +154,7 @@ class Session(ABC):
             tokens = self.tokenize(self.render_chat(messages), add_special=True)
             yield from self.stream_tokens(tokens, sampling)
 
-    def clear_cache(self) -> None:
+    def clear_cache(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Forget cached prompt state, so the next prompt is evaluated from scratch
         (runtimes that reuse a shared prompt prefix override this; benchmarks call it)."""
 

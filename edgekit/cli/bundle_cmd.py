@@ -15,20 +15,37 @@ from edgekit.manifest import Manifest
 
 @main.command("pack")
 @click.argument("model", required=False, type=click.Path(path_type=Path))
-@click.option("--target", default="llamacpp", show_default=True, help="Runtime target of the variants.")
+@click.option(
+    "--target", default="llamacpp", show_default=True, help="Runtime target of the variants."
+)
 @click.option("--format", "fmt", default="gguf", show_default=True, help="Bundle format (gguf).")
-@click.option("--quant", default="Q4_K_M", show_default=True,
-              help="Quantization; several, comma-separated, make several variants (Q4_K_M,Q8_0).")
+@click.option(
+    "--quant",
+    default="Q4_K_M",
+    show_default=True,
+    help="Quantization; several, comma-separated, make several variants (Q4_K_M,Q8_0).",
+)
 @click.option("--recipe", help="Recipe options for every variant: embeddings=Q8_0,kv_cache=q8_0.")
-@click.option("--context", type=int, help="Context length the runtime uses (default: min(model, 4096)).")
+@click.option(
+    "--context", type=int, help="Context length the runtime uses (default: min(model, 4096))."
+)
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True)
 @click.option("--name", help="Bundle name (default: the output's name).")
 @click.option("--archive", is_flag=True, help="Write one .tar file instead of a folder.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @json_option
 def pack_command(
-    model: Path | None, target: str, fmt: str, quant: str, recipe: str | None, context: int | None,
-    out: Path, name: str | None, archive: bool, force: bool, as_json: bool,
+    model: Path | None,
+    target: str,
+    fmt: str,
+    quant: str,
+    recipe: str | None,
+    context: int | None,
+    out: Path,
+    name: str | None,
+    archive: bool,
+    force: bool,
+    as_json: bool,
 ) -> None:
     """Convert MODEL into a deployable bundle (default: the embedded default model)."""
     from edgekit.bundle import VariantRequest, pack
@@ -36,15 +53,32 @@ def pack_command(
     from edgekit.errors import UnsupportedConversionError
 
     if fmt != "gguf":
-        raise UnsupportedConversionError(f"bundle format {fmt!r} cannot be packed yet", hint="use --format gguf")
-    requests = [VariantRequest(target=target, quant=q.strip(), recipe=recipe, context=context)
-                for q in quant.split(",") if q.strip()]
+        raise UnsupportedConversionError(
+            f"bundle format {fmt!r} cannot be packed yet", hint="use --format gguf"
+        )
+    requests = [
+        VariantRequest(target=target, quant=q.strip(), recipe=recipe, context=context)
+        for q in quant.split(",")
+        if q.strip()
+    ]
     with progress_bars(disable=as_json) as on_progress:
-        result = pack(model or default_model_path(), out, requests, name=name, archive=archive,
-                      force=force, progress=on_progress)
+        result = pack(
+            model or default_model_path(),
+            out,
+            requests,
+            name=name,
+            archive=archive,
+            force=force,
+            progress=on_progress,
+        )
     if as_json:
-        emit_json({"path": str(result.path), "variants": [v.name for v in result.manifest.variants],
-                   "warnings": list(result.warnings)})
+        emit_json(
+            {
+                "path": str(result.path),
+                "variants": [v.name for v in result.manifest.variants],
+                "warnings": list(result.warnings),
+            }
+        )
         return
     for w in result.warnings:
         err_console.print(f"[bold yellow]warning:[/] {w}", highlight=False)
@@ -62,17 +96,43 @@ def verify_command(bundle: Path, fast: bool, as_json: bool) -> None:
     opened = open_bundle(bundle)
     verify_bundle(opened.folder, opened.manifest, checksums=not fast)
     if as_json:
-        emit_json({"bundle": str(bundle), "ok": True, "checksums": not fast,
-                   "variants": [v.name for v in opened.manifest.variants]})
+        emit_json(
+            {
+                "bundle": str(bundle),
+                "ok": True,
+                "checksums": not fast,
+                "variants": [v.name for v in opened.manifest.variants],
+            }
+        )
         return
-    render_variants(opened.manifest, Console(), title=f"{bundle}: OK ({'sizes' if fast else 'sizes and checksums'})")
+    render_variants(
+        opened.manifest,
+        Console(),
+        title=f"{bundle}: OK ({'sizes' if fast else 'sizes and checksums'})",
+    )
 
 
 def render_variants(manifest: Manifest, console: Console, *, title: str) -> None:
-    t = Table("variant", "target", "quant", "size", "context", "KV cache", "memory (predicted)",
-              title=title, title_justify="left")
+    t = Table(
+        "variant",
+        "target",
+        "quant",
+        "size",
+        "context",
+        "KV cache",
+        "memory (predicted)",
+        title=title,
+        title_justify="left",
+    )
     for v in manifest.variants:
         mem = f"{v.predicted.memory_bytes / 1e9:.2f} GB" if v.predicted.memory_bytes else "-"
-        t.add_row(v.name, v.target, v.quant, f"{v.size / 1e6:.1f} MB", str(v.runtime.context),
-                  v.runtime.kv_cache, mem)
+        t.add_row(
+            v.name,
+            v.target,
+            v.quant,
+            f"{v.size / 1e6:.1f} MB",
+            str(v.runtime.context),
+            v.runtime.kv_cache,
+            mem,
+        )
     console.print(t)

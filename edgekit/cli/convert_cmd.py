@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+
 from edgekit.cli import emit_json, err_console, json_option, main
 from edgekit.cli.progress import progress_bars
 

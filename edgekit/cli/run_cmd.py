@@ -12,8 +12,14 @@ from rich.console import Console
 from edgekit.cli import emit_json, err_console, json_option, main
 
 
-def _load(bundle: Path, variant: str | None, device: str, context: int | None, threads: int | None,
-          force: bool) -> Any:
+def _load(
+    bundle: Path,
+    variant: str | None,
+    device: str,
+    context: int | None,
+    threads: int | None,
+    force: bool,
+) -> Any:
     import edgekit
 
     settings: dict[str, Any] = {}
@@ -25,33 +31,45 @@ def _load(bundle: Path, variant: str | None, device: str, context: int | None, t
 
 
 def load_options(f: Any) -> Any:
-    for option in reversed([
-        click.option("--variant", help="Variant to load (default: the best this host can run)."),
-        click.option("--device", default="auto", show_default=True, help="auto, cpu or gpu."),
-        click.option("--context", type=int, help="Context length (default: the bundle's)."),
-        click.option("--threads", type=int, help="Threads (default: physical cores)."),
-        click.option("--force", is_flag=True, help="Load even if predicted not to fit in memory."),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--variant", help="Variant to load (default: the best this host can run)."
+            ),
+            click.option("--device", default="auto", show_default=True, help="auto, cpu or gpu."),
+            click.option("--context", type=int, help="Context length (default: the bundle's)."),
+            click.option("--threads", type=int, help="Threads (default: physical cores)."),
+            click.option(
+                "--force", is_flag=True, help="Load even if predicted not to fit in memory."
+            ),
+        ]
+    ):
         f = option(f)
     return f
 
 
 def sampling_options(f: Any) -> Any:
-    for option in reversed([
-        click.option("--max-tokens", type=int, default=256, show_default=True),
-        click.option("--temperature", type=float, default=0.8, show_default=True),
-        click.option("--top-p", type=float, default=0.95, show_default=True),
-        click.option("--seed", type=int),
-        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
-    ]):
+    for option in reversed(
+        [
+            click.option("--max-tokens", type=int, default=256, show_default=True),
+            click.option("--temperature", type=float, default=0.8, show_default=True),
+            click.option("--top-p", type=float, default=0.95, show_default=True),
+            click.option("--seed", type=int),
+            click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+        ]
+    ):
         f = option(f)
     return f
 
 
-def _sampling(max_tokens: int, temperature: float, top_p: float, seed: int | None, stop: tuple[str, ...]) -> Any:
+def _sampling(
+    max_tokens: int, temperature: float, top_p: float, seed: int | None, stop: tuple[str, ...]
+) -> Any:
     from edgekit.targets.base import Sampling
 
-    return Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop)
+    return Sampling(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop
+    )
 
 
 @main.command("run")
@@ -60,9 +78,21 @@ def _sampling(max_tokens: int, temperature: float, top_p: float, seed: int | Non
 @load_options
 @sampling_options
 @json_option
-def run_command(bundle: Path, prompt: str, variant: str | None, device: str, context: int | None,
-                threads: int | None, force: bool, max_tokens: int, temperature: float, top_p: float,
-                seed: int | None, stop: tuple[str, ...], as_json: bool) -> None:
+def run_command(
+    bundle: Path,
+    prompt: str,
+    variant: str | None,
+    device: str,
+    context: int | None,
+    threads: int | None,
+    force: bool,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+    stop: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Generate from PROMPT with BUNDLE, streaming to the terminal."""
     sampling = _sampling(max_tokens, temperature, top_p, seed, stop)
     with _load(bundle, variant, device, context, threads, force) as session:
@@ -79,13 +109,27 @@ def run_command(bundle: Path, prompt: str, variant: str | None, device: str, con
             reason = chunk.finish_reason or reason
         elapsed = time.perf_counter() - start
         if as_json:
-            emit_json({"variant": session.variant.name, "text": "".join(pieces), "completion_tokens": tokens,
-                       "finish_reason": reason, "seconds": round(elapsed, 3)})
+            emit_json(
+                {
+                    "variant": session.variant.name,
+                    "text": "".join(pieces),
+                    "completion_tokens": tokens,
+                    "finish_reason": reason,
+                    "seconds": round(elapsed, 3),
+                }
+            )
             return
         click.echo()
-        rate = (tokens - 1) / (elapsed - (first - start)) if first and tokens > 1 and elapsed > first - start else 0
-        err_console.print(f"[dim]{session.variant.name}: {tokens} tokens, {reason}, "
-                          f"{rate:.1f} tok/s after the first[/]", highlight=False)
+        rate = (
+            (tokens - 1) / (elapsed - (first - start))
+            if first and tokens > 1 and elapsed > first - start
+            else 0
+        )
+        err_console.print(
+            f"[dim]{session.variant.name}: {tokens} tokens, {reason}, "
+            f"{rate:.1f} tok/s after the first[/]",
+            highlight=False,
+        )
 
 
 @main.command("chat")
@@ -93,9 +137,20 @@ def run_command(bundle: Path, prompt: str, variant: str | None, device: str, con
 @click.option("--system", help="A system message.")
 @load_options
 @sampling_options
-def chat_command(bundle: Path, system: str | None, variant: str | None, device: str, context: int | None,
-                 threads: int | None, force: bool, max_tokens: int, temperature: float, top_p: float,
-                 seed: int | None, stop: tuple[str, ...]) -> None:
+def chat_command(
+    bundle: Path,
+    system: str | None,
+    variant: str | None,
+    device: str,
+    context: int | None,
+    threads: int | None,
+    force: bool,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+    stop: tuple[str, ...],
+) -> None:
     """Chat with BUNDLE in the terminal (/reset clears the history, /exit or Ctrl-D leaves)."""
     sampling = _sampling(max_tokens, temperature, top_p, seed, stop)
     console = Console()
@@ -126,22 +181,54 @@ def chat_command(bundle: Path, system: str | None, variant: str | None, device: 
 
 @main.command("serve")
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (0.0.0.0 exposes it).")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Bind address (0.0.0.0 exposes it)."
+)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--api-key", envvar="EDGEKIT_API_KEY", help="Require this bearer token (or $EDGEKIT_API_KEY).")
+@click.option(
+    "--api-key", envvar="EDGEKIT_API_KEY", help="Require this bearer token (or $EDGEKIT_API_KEY)."
+)
 @click.option("--max-tokens-limit", default=4096, show_default=True, type=int)
 @click.option("--max-request-bytes", default=1 << 20, show_default=True, type=int)
-@click.option("--queue-size", default=8, show_default=True, type=int, help="Requests waiting or running before 503.")
+@click.option(
+    "--queue-size",
+    default=8,
+    show_default=True,
+    type=int,
+    help="Requests waiting or running before 503.",
+)
 @load_options
-def serve_command(bundle: Path, host: str, port: int, api_key: str | None, max_tokens_limit: int,
-                  max_request_bytes: int, queue_size: int, variant: str | None, device: str,
-                  context: int | None, threads: int | None, force: bool) -> None:
+def serve_command(
+    bundle: Path,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_tokens_limit: int,
+    max_request_bytes: int,
+    queue_size: int,
+    variant: str | None,
+    device: str,
+    context: int | None,
+    threads: int | None,
+    force: bool,
+) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, ...)."""
     from edgekit.serve import ServeConfig, serve
 
     with _load(bundle, variant, device, context, threads, force) as session:
         name = session.bundle.manifest.name
-        err_console.print(f"serving {name} ({session.variant.name}) on http://{host}:{port}/v1", highlight=False)
-        serve(session, ServeConfig(model_name=name, host=host, port=port, api_key=api_key,
-                                   max_tokens_limit=max_tokens_limit, max_request_bytes=max_request_bytes,
-                                   queue_size=queue_size))
+        err_console.print(
+            f"serving {name} ({session.variant.name}) on http://{host}:{port}/v1", highlight=False
+        )
+        serve(
+            session,
+            ServeConfig(
+                model_name=name,
+                host=host,
+                port=port,
+                api_key=api_key,
+                max_tokens_limit=max_tokens_limit,
+                max_request_bytes=max_request_bytes,
+                queue_size=queue_size,
+            ),
+        )

@@ -1,0 +1,341 @@
+"""Bundles: packing, the published schema, verification, tampering, archives (crafted
+malicious ones included), variant choice and over-budget loads."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+import edgekit
+from edgekit.bundle import VariantRequest, choose_variant, open_bundle, pack, verify_bundle
+from edgekit.errors import (
+    BundleIntegrityError,
+    BundleNotFoundError,
+    BundleSchemaError,
+    InsufficientMemoryError,
+    NoUsableVariantError,
+    OutputExistsError,
+    UnsafeArchiveError,
+    UnsupportedConversionError,
+)
+from edgekit.manifest import MANIFEST_NAME, json_schema
+from tests.conftest import require
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def bundle(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require("llama_cpp", "packing GGUF variants uses llama.cpp's quantizer")
+    out = tmp_path_factory.mktemp("bundles") / "smollm2"
+    result = pack(
+        default_gguf,
+        out,
+        [VariantRequest(quant="Q4_K_M", recipe="kv_cache=q8_0"), VariantRequest(quant="Q8_0")],
+    )
+    assert result.path == out
+    assert any("both quantization errors" in w for w in result.warnings)  # Q4_1 source
+    return out
+
+
+@pytest.fixture
+def copy(bundle: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "copy"
+    shutil.copytree(bundle, dest)
+    return dest
+
+
+def test_manifest_contents(bundle: Path, default_gguf: Path) -> None:
+    m = open_bundle(bundle).manifest
+    assert m.schema_version == 1 and m.name == "smollm2"
+    assert m.model.parameters == 134_515_008 and m.model.source.file_type == "Q4_1"
+    assert len(m.model.source.sha256) == 64
+    assert [v.name for v in m.variants] == ["gguf-q4_k_m", "gguf-q8_0"]
+    q4 = m.variant("gguf-q4_k_m")
+    assert q4.runtime.kv_cache == "q8_0" and q4.recipe["kv_cache"] == "q8_0"
+    assert m.variant("gguf-q8_0").runtime.kv_cache == "f16"
+    assert q4.predicted.memory_bytes and q4.predicted.source == "estimate"
+    assert q4.predicted.memory_bytes < m.variant("gguf-q8_0").predicted.memory_bytes
+    assert m.tokenizer.chat_template and m.tokenizer.eos_token == "<|im_end|>"
+    assert m.provenance.backends["llama-cpp-python"] == "0.3.36"
+    for v in m.variants:
+        assert (bundle / v.files[0].path).stat().st_size == v.files[0].size
+
+
+def test_published_schema_is_current_and_validates(bundle: Path) -> None:
+    import jsonschema
+
+    published = json.loads((ROOT / "docs" / "bundle.schema.json").read_text())
+    assert published == json_schema(), (
+        "regenerate: python -m edgekit.manifest > docs/bundle.schema.json"
+    )
+    jsonschema.Draft202012Validator.check_schema(published)
+    jsonschema.validate(json.loads((bundle / MANIFEST_NAME).read_text()), published)
+
+
+def test_verify_and_tampering(copy: Path) -> None:
+    opened = open_bundle(copy)
+    verify_bundle(copy, opened.manifest, checksums=True)
+    model = copy / "gguf-q4_k_m" / "model.gguf"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
+    model.write_bytes(bytes(data))
+    verify_bundle(copy, opened.manifest, checksums=False)  # sizes alone cannot see it
+    with pytest.raises(BundleIntegrityError, match="sha256"):
+        verify_bundle(copy, opened.manifest, checksums=True)
+    with pytest.raises(BundleIntegrityError, match="sha256"):
+        edgekit.load(copy, variant="gguf-q4_k_m", verify=True)
+    model.write_bytes(bytes(data[:-10]))
+    with pytest.raises(BundleIntegrityError, match="bytes"):
+        edgekit.load(copy, variant="gguf-q4_k_m")  # sizes are always checked
+
+
+def test_missing_file(copy: Path) -> None:
+    (copy / "gguf-q8_0" / "model.gguf").unlink()
+    with pytest.raises(BundleIntegrityError, match="missing"):
+        verify_bundle(copy, open_bundle(copy).manifest, checksums=False)
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        (lambda m: m.update(schema_version=2), "schema version 2"),
+        (lambda m: m.update(colour="red"), "unknown key(s) colour"),
+        (lambda m: m["variants"][0].update(turbo=True), "unknown key(s) turbo"),
+        (
+            lambda m: m["variants"][0]["files"][0].update(path="../../etc/passwd"),
+            "leaves the bundle",
+        ),
+        (lambda m: m.update(variants=[]), "no variants"),
+        (lambda m: m["model"].pop("parameters"), "missing required key 'parameters'"),
+    ],
+    ids=["version", "unknown-top", "unknown-nested", "path-escape", "no-variants", "missing"],
+)
+def test_manifest_rejections(copy: Path, edit, fragment: str) -> None:  # type: ignore[no-untyped-def]
+    path = copy / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(BundleSchemaError) as info:
+        open_bundle(copy)
+    assert fragment in info.value.message
+
+
+def test_not_a_bundle(tmp_path: Path) -> None:
+    with pytest.raises(BundleNotFoundError):
+        open_bundle(tmp_path / "nothing")
+    with pytest.raises(BundleNotFoundError, match="manifest.json"):
+        open_bundle(tmp_path)
+    (tmp_path / "x.tar").write_bytes(b"not a tar")
+    with pytest.raises(BundleNotFoundError):
+        open_bundle(tmp_path / "x.tar")
+
+
+# --- choosing and loading -----------------------------------------------------------------
+
+
+def test_load_picks_the_best_variant_that_fits(bundle: Path) -> None:
+    opened = open_bundle(bundle)
+    sizes = {v.name: v.predicted.memory_bytes for v in opened.manifest.variants}
+    big = choose_variant(opened, requested=None, available_bytes=10 << 30, runnable={"llamacpp"})
+    assert big.name == "gguf-q8_0"  # higher quality first
+    small = choose_variant(
+        opened, requested=None, available_bytes=sizes["gguf-q4_k_m"] + 1, runnable={"llamacpp"}
+    )
+    assert small.name == "gguf-q4_k_m"
+    with edgekit.load(bundle) as session:
+        assert session.variant.name == "gguf-q8_0"
+    with edgekit.load(bundle, variant="gguf-q4_k_m") as session:
+        assert session.info.kv_cache == "q8_0"  # the bundle's runtime setting
+        assert "Paris" in session.generate(PROMPT, max_tokens=8, temperature=0).text
+
+
+def test_over_budget_load_says_by_how_much(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    opened = open_bundle(bundle)
+    q4 = opened.manifest.variant("gguf-q4_k_m").predicted.memory_bytes
+    q8 = opened.manifest.variant("gguf-q8_0").predicted.memory_bytes
+    available = (q4 + q8) // 2
+
+    class FakeVM:
+        def __init__(self) -> None:
+            self.available = available
+
+    monkeypatch.setattr(psutil, "virtual_memory", FakeVM)
+    with pytest.raises(InsufficientMemoryError) as info:
+        edgekit.load(bundle, variant="gguf-q8_0")
+    message = info.value.message
+    assert "gguf-q8_0 needs" in message and "GB short" in message
+    assert "gguf-q4_k_m" in info.value.hint and "force=True" in info.value.hint
+    with edgekit.load(bundle) as session:  # automatic choice falls back to what fits
+        assert session.variant.name == "gguf-q4_k_m"
+    with edgekit.load(bundle, variant="gguf-q8_0", force=True) as session:
+        assert session.variant.name == "gguf-q8_0"
+
+
+def test_no_usable_variant(bundle: Path) -> None:
+    with pytest.raises(NoUsableVariantError, match="llamacpp"):
+        choose_variant(
+            open_bundle(bundle), requested=None, available_bytes=1 << 40, runnable={"openvino"}
+        )
+
+
+def test_unknown_variant_lists_the_present_ones(bundle: Path) -> None:
+    with pytest.raises(BundleSchemaError) as info:
+        edgekit.load(bundle, variant="gguf-q2_k")
+    assert "gguf-q4_k_m" in info.value.hint
+
+
+def test_concurrent_generate_on_one_loaded_session(bundle: Path) -> None:
+    with edgekit.load(bundle, variant="gguf-q4_k_m") as session:
+        expected = session.generate(PROMPT, max_tokens=10, temperature=0).text
+        results: list[str] = []
+        threads = [
+            threading.Thread(
+                target=lambda: results.append(
+                    session.generate(PROMPT, max_tokens=10, temperature=0).text
+                )
+            )
+            for _ in range(6)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert results == [expected] * 6
+
+
+# --- packing ------------------------------------------------------------------------------
+
+
+def test_pack_refuses_before_working(default_gguf: Path, tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedConversionError, match="openvino"):
+        pack(default_gguf, tmp_path / "b", [VariantRequest(target="openvino", quant="INT4")])
+    with pytest.raises(UnsupportedConversionError, match="Q9"):
+        pack(default_gguf, tmp_path / "b", [VariantRequest(quant="Q9")])
+    (tmp_path / "b").mkdir()
+    with pytest.raises(OutputExistsError):
+        pack(default_gguf, tmp_path / "b", [VariantRequest(quant="Q4_K_M")])
+    assert [p.name for p in tmp_path.iterdir()] == ["b"]
+
+
+def test_failed_pack_leaves_nothing(
+    default_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edgekit.converters.convert as convert
+
+    calls = []
+    real = convert.convert_model
+
+    def second_fails(*a, **k):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # an interrupted run
+        return real(*a, **k)
+
+    monkeypatch.setattr(convert, "convert_model", second_fails)
+    with pytest.raises(KeyboardInterrupt):
+        pack(
+            default_gguf,
+            tmp_path / "b",
+            [VariantRequest(quant="Q4_K_M"), VariantRequest(quant="Q8_0")],
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- archives -----------------------------------------------------------------------------
+
+
+def test_archive_round_trip(
+    default_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
+    archive = pack(
+        default_gguf, tmp_path / "small.tar", [VariantRequest(quant="Q4_K_M")], archive=True
+    ).path
+    assert tarfile.is_tarfile(archive)
+    with edgekit.load(archive, verify=True) as session:
+        assert session.bundle.folder.is_relative_to(tmp_path / "cache")
+        assert session.generate(PROMPT, max_tokens=4, temperature=0).completion_tokens == 4
+    assert open_bundle(archive).folder == session.bundle.folder  # extracted once
+
+
+def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _file(name: str, data: bytes = b"x") -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = target
+    return info, None
+
+
+def _device(name: str) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.CHRTYPE
+    info.devmajor, info.devminor = 1, 3
+    return info, None
+
+
+MALICIOUS = {
+    "absolute-path": ([_file("/etc/cron.d/evil")], "absolute path"),
+    "dot-dot": ([_file("b/manifest.json"), _file("b/../../evil")], "leaves the bundle"),
+    "symlink-out": (
+        [_file("b/manifest.json"), _link("b/model.gguf", "/etc/passwd")],
+        "links outside",
+    ),
+    "symlink-up": ([_file("b/manifest.json"), _link("b/x", "../../secret")], "links outside"),
+    "hardlink-out": (
+        [_file("b/manifest.json"), _link("b/h", "etc/shadow", tarfile.LNKTYPE)],
+        "links outside",
+    ),
+    "device": ([_file("b/manifest.json"), _device("b/null")], "device"),
+    "two-folders": ([_file("a/manifest.json"), _file("b/manifest.json")], "one bundle folder"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALICIOUS))
+def test_malicious_archives_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
+    members, fragment = MALICIOUS[case]
+    archive = _tar(tmp_path / f"{case}.tar", members)
+    with pytest.raises(UnsafeArchiveError, match=fragment):
+        open_bundle(archive)
+    assert not (tmp_path / "evil").exists()
+    extracted = (
+        [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+        if (tmp_path / "cache").exists()
+        else []
+    )
+    assert extracted == []
+
+
+def test_archive_size_cap(tmp_path: Path) -> None:
+    from edgekit.archive import extract_archive
+
+    big = tarfile.TarInfo("b/model.gguf")
+    big.size = 5000
+    archive = _tar(tmp_path / "big.tar", [(big, b"\0" * 5000)])
+    with pytest.raises(UnsafeArchiveError, match="more than 1000 bytes"):
+        extract_archive(archive, tmp_path / "out", max_total=1000)
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,214 @@
+"""edgekit serve, live on loopback, driven by the official openai client and by httpx."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import require
+
+KEY = "test-key"
+LONG = "Once upon a time"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    def __init__(self, session: Any, **overrides: Any) -> None:
+        import uvicorn
+
+        from edgekit.serve import ServeConfig, create_app
+
+        self.config = ServeConfig(model_name="smollm2", port=_free_port(), api_key=KEY, **overrides)
+        self.app = create_app(session, self.config)
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.config.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.config.port}/v1"
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise TimeoutError("server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+
+
+@pytest.fixture(scope="module")
+def session(default_gguf: Path) -> Iterator[Any]:
+    require("llama_cpp", "the server runs the llama.cpp target")
+    require("starlette", "the server is a Starlette app")
+    require("openai", "the tests use the official openai client")
+    from edgekit.targets.llamacpp import LlamaCppTarget
+
+    with LlamaCppTarget.load(default_gguf, context=1024) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def server(session: Any) -> Iterator[LiveServer]:
+    with LiveServer(session, max_tokens_limit=512, max_request_bytes=4096) as live:
+        yield live
+
+
+@pytest.fixture
+def client(server: LiveServer) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)
+
+
+def test_models(client: Any) -> None:
+    assert [m.id for m in client.models.list()] == ["smollm2"]
+
+
+def test_chat_completion_streams_like_it_answers(client: Any, session: Any) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    full = client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=24, temperature=0
+    )
+    text = full.choices[0].message.content
+    assert full.choices[0].message.role == "assistant" and text
+    assert full.usage.completion_tokens == 24 and full.choices[0].finish_reason == "length"
+    assert text == session.chat(messages, max_tokens=24, temperature=0).text
+
+    stream = client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=24, temperature=0, stream=True
+    )
+    deltas, reasons = [], []
+    for chunk in stream:
+        deltas.append(chunk.choices[0].delta.content or "")
+        reasons.append(chunk.choices[0].finish_reason)
+    assert "".join(deltas) == text
+    assert reasons[-1] == "length" and set(reasons[:-1]) == {None}
+
+
+def test_completions(client: Any) -> None:
+    r = client.completions.create(
+        model="smollm2", prompt="The capital of France is", max_tokens=8, temperature=0, stop=["\n"]
+    )
+    assert "Paris" in r.choices[0].text and "\n" not in r.choices[0].text
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="smollm2",
+            prompt="The capital of France is",
+            max_tokens=8,
+            temperature=0,
+            stop=["\n"],
+            stream=True,
+        )
+    )
+    assert streamed == r.choices[0].text
+
+
+def test_api_key_is_required(server: LiveServer) -> None:
+    import openai
+
+    bad = openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_limits(client: Any, server: LiveServer) -> None:
+    import httpx
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="over this server's limit"):
+        client.completions.create(model="smollm2", prompt="x", max_tokens=10_000)
+    big = {"model": "smollm2", "prompt": "word " * 2000, "max_tokens": 4}
+    r = httpx.post(
+        f"{server.url}/completions", json=big, headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert r.status_code == 413 and "error" in r.json()
+
+
+def _read_events(response: Any, n: int) -> list[dict[str, Any]]:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            events.append(json.loads(line[6:]))
+            if len(events) >= n:
+                break
+    return events
+
+
+def test_client_disconnect_cancels_the_generation(session: Any) -> None:
+    import httpx
+
+    with LiveServer(session) as live:
+        body = {
+            "model": "smollm2",
+            "prompt": LONG,
+            "max_tokens": 400,
+            "temperature": 0,
+            "stream": True,
+        }
+        headers = {"Authorization": f"Bearer {KEY}"}
+        with httpx.stream(
+            "POST", f"{live.url}/completions", json=body, headers=headers, timeout=60
+        ) as r:
+            assert len(_read_events(r, 3)) == 3
+        # The client is gone: the generation stops at its next token.
+        stats = live.app.state.stats
+        deadline = time.monotonic() + 30
+        while stats.cancelled == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stats.cancelled == 1
+        # and the session is free again at once
+        r = httpx.post(
+            f"{live.url}/completions",
+            headers=headers,
+            timeout=60,
+            json={"model": "smollm2", "prompt": "Hi", "max_tokens": 2},
+        )
+        assert r.status_code == 200
+
+
+def test_full_queue_answers_503(session: Any) -> None:
+    import httpx
+
+    with LiveServer(session, queue_size=1) as live:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        body = {
+            "model": "smollm2",
+            "prompt": LONG,
+            "max_tokens": 300,
+            "temperature": 0,
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST", f"{live.url}/completions", json=body, headers=headers, timeout=60
+        ) as r:
+            _read_events(r, 1)  # the only slot is taken
+            busy = httpx.post(
+                f"{live.url}/completions",
+                headers=headers,
+                timeout=60,
+                json={"model": "smollm2", "prompt": "Hi", "max_tokens": 2},
+            )
+            assert busy.status_code == 503
+            assert busy.json()["error"]["type"] == "server_busy"
+        assert live.app.state.stats.rejected_busy == 1
