@@ -167,7 +167,8 @@ def read_manifest(folder: Path) -> Manifest:
 def json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of the manifest, derived from the dataclasses.
 
-    ``docs/bundle.schema.json`` is this function's output; a test keeps them equal.
+    ``docs/bundle.schema.json`` is this function's output (``edgekit schema``); a test
+    keeps them equal.
     """
     defs: dict[str, Any] = {}
 
@@ -179,7 +180,7 @@ def json_schema() -> dict[str, Any]:
             return {"type": "array", "items": of(args[0])}
         if origin is dict:
             return {"type": "object"}
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             name = tp.__name__
             if name not in defs:
                 defs[name] = {}  # placeholder against recursion
@@ -219,6 +220,3 @@ def json_schema() -> dict[str, Any]:
     defs["Manifest"]["properties"]["schema_version"] = {"const": SCHEMA_VERSION}
     return schema
 
-
-if __name__ == "__main__":
-    print(json.dumps(json_schema(), indent=2))

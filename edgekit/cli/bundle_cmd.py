@@ -112,6 +112,14 @@ def verify_command(bundle: Path, fast: bool, as_json: bool) -> None:
     )
 
 
+@main.command("schema")
+def schema_command() -> None:
+    """Print the JSON Schema of bundle manifests (docs/bundle.schema.json)."""
+    from edgekit.manifest import json_schema
+
+    emit_json(json_schema())
+
+
 def render_variants(manifest: Manifest, console: Console, *, title: str) -> None:
     t = Table(
         "variant",
