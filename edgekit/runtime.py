@@ -2,8 +2,7 @@
 
     import edgekit
     with edgekit.load("smollm2.bundle") as session:
-        for chunk in session.stream("Hello", max_tokens=64):
-            print(chunk.text, end="")
+        reply = session.generate("Hello", max_tokens=64)
 
 The variant is the one asked for, or the best this host can run and hold in memory;
 sizes are always checked, checksums when ``verify=True``; settings come from the call,
