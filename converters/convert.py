@@ -1,5 +1,6 @@
 """convert_model: one entry point for every conversion the CLI's ``convert`` offers.
 
+    HF folder -> OpenVINO IR F16/INT8/INT4/INT4_SYM  (hf_to_openvino, NNCF compression)
     HF folder -> GGUF F32/F16/BF16               (hf_to_gguf)
     HF folder -> GGUF quantized                  (hf_to_gguf to a lossless intermediate,
                                                   then llama.cpp's quantizer)
@@ -27,7 +28,7 @@ from edgekit.errors import UnsupportedConversionError
 from edgekit.inspection import inspect_model
 from edgekit.progress import ProgressCallback, no_progress
 
-OutputFormat = Literal["gguf", "hf"]
+OutputFormat = Literal["gguf", "hf", "openvino"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,8 +78,23 @@ def convert_model(
             seconds=time.perf_counter() - start,
             warnings=r.warnings,
         )
+    if to == "openvino":
+        from edgekit.converters.openvino_convert import hf_to_openvino
+
+        name = (quant or "INT4").upper()
+        options = Recipe(weights=name).with_options(recipe)
+        exported = hf_to_openvino(src, out, name, recipe=options, force=force, progress=progress)
+        return ConvertResult(
+            path=out,
+            format="openvino",
+            quant=name,
+            seconds=time.perf_counter() - start,
+            warnings=exported.warnings,
+        )
     if to != "gguf":
-        raise UnsupportedConversionError(f"unknown output format {to!r}", hint="use gguf or hf")
+        raise UnsupportedConversionError(
+            f"unknown output format {to!r}", hint="use gguf, openvino or hf"
+        )
 
     name = (quant or "F16").upper()
     if name not in GGUF_FORMATS:

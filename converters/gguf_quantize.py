@@ -86,6 +86,11 @@ def quantize_gguf(
     params.nthread = threads or psutil.cpu_count(logical=False) or 1
     params.allow_requantize = source_type in QUANTIZED_FILE_TYPES
     recipe = recipe or Recipe(weights=fmt.name)
+    for option in ("group_size", "ratio", "calibration"):
+        if getattr(recipe, option) is not None:
+            warnings.append(
+                f"recipe {option}={getattr(recipe, option)} has no llama.cpp equivalent: unused"
+            )
     if recipe.embeddings:
         params.token_embedding_type = _ggml_type(recipe.embeddings, "embeddings")
     if recipe.output:

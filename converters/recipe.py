@@ -4,7 +4,9 @@
 
 ``weights`` is the format of the bulk of the weights; ``embeddings`` and ``output`` pin the
 token embedding and the output projection (the tensors most sensitive to quantization);
-``kv_cache`` is the KV-cache type the runtime should use, recorded with the model. A
+``kv_cache`` is the KV-cache type the runtime should use, recorded with the model;
+``group_size``, ``ratio`` and ``calibration`` steer group-wise, mixed and data-aware
+compression where a backend has them. A
 backend reports what it cannot express (``unsupported``) instead of dropping it silently.
 """
 
@@ -25,6 +27,8 @@ class Recipe:
     output: str | None = None
     kv_cache: str = "f16"
     group_size: int | None = None  # for group-wise INT4 backends
+    ratio: float | None = None  # share of layers at the low precision, the rest at INT8
+    calibration: str | None = None  # a text file for data-aware compression
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)
@@ -51,7 +55,10 @@ class Recipe:
                     f"recipe option {item!r} is not understood",
                     hint=f"use key=value with keys: {', '.join(sorted(allowed))}",
                 )
-            changes[key] = int(value) if key == "group_size" else value
+            try:
+                changes[key] = {"group_size": int, "ratio": float}.get(key, str)(value)
+            except ValueError as exc:
+                raise UnsupportedConversionError(f"recipe option {item!r}: {exc}") from exc
         recipe = replace(self, **changes)  # type: ignore[arg-type]
         if recipe.kv_cache.lower() not in KV_CACHE_TYPES:
             raise UnsupportedConversionError(

@@ -53,8 +53,8 @@ from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
 
 GB = 1e9
 DEFAULT_CONTEXT = 4096
-# target -> (bundle format, file name inside the variant folder)
-PACKABLE = {"llamacpp": ("gguf", "model.gguf")}
+# target -> (bundle format, what the target loads inside the variant folder; "" = the folder)
+PACKABLE = {"llamacpp": ("gguf", "model.gguf"), "openvino": ("openvino", "")}
 _BACKENDS = ("llama-cpp-python", "gguf", "openvino", "onnxruntime", "mlx")
 
 
@@ -79,7 +79,7 @@ class OpenedBundle:
     manifest: Manifest
 
     def variant_path(self, variant: Variant) -> Path:
-        return self.folder / variant.files[0].path
+        return self.folder / variant.entry
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -120,7 +120,6 @@ def pack(
         ModelError, ConversionError: from inspection and conversion; nothing is left at ``out``.
     """
     from edgekit.converters.convert import convert_model
-    from edgekit.converters.gguf_formats import GGUF_FORMATS
     from edgekit.converters.recipe import Recipe
 
     model, out = Path(model), Path(out)
@@ -135,10 +134,11 @@ def pack(
                 f"target {request.target!r} cannot be packed yet",
                 hint=f"packable targets: {', '.join(PACKABLE)}",
             )
-        if request.quant.upper() not in GGUF_FORMATS:
+        formats = _formats(request.target)
+        if request.quant.upper() not in formats:
             raise UnsupportedConversionError(
-                f"{request.quant!r} is not a GGUF type",
-                hint=f"choose one of {', '.join(GGUF_FORMATS)}",
+                f"{request.quant!r} is not a {request.target} format",
+                hint=f"choose one of {', '.join(formats)}",
             )
         Recipe(weights=request.quant.upper()).with_options(request.recipe)  # validate early
     spec = inspect_model(model)
@@ -152,17 +152,28 @@ def pack(
         folder.mkdir(parents=True)
         built: list[Variant] = []
         warnings: list[str] = []
+        hf_source: Path | None = None
         for i, request in enumerate(variants):
-            fmt, filename = PACKABLE[request.target]
+            fmt, entry = PACKABLE[request.target]
             quant = request.quant.upper()
             variant_name = f"{fmt}-{quant.lower()}"
-            (folder / variant_name).mkdir()
-            target_file = folder / variant_name / filename
+            variant_dir = folder / variant_name
+            target_path = variant_dir / entry if entry else variant_dir
+            if entry:
+                variant_dir.mkdir()
             progress(ProgressEvent(stage="pack", done=i, total=len(variants), detail=variant_name))
+            source = model
+            if fmt == "openvino" and spec.format == "gguf":
+                # OpenVINO exports start from a Hugging Face folder: dequantize once.
+                if hf_source is None:
+                    hf_source = Path(build) / "hf-source"
+                    result = convert_model(model, "hf", hf_source, progress=progress)
+                    warnings.extend(w for w in result.warnings if w not in warnings)
+                source = hf_source
             converted = convert_model(
-                model,
-                "gguf",
-                target_file,
+                source,
+                "openvino" if fmt == "openvino" else "gguf",
+                target_path,
                 quant=quant,
                 recipe=request.recipe,
                 progress=progress,
@@ -170,9 +181,11 @@ def pack(
             warnings.extend(w for w in converted.warnings if w not in warnings)
             recipe = Recipe(weights=quant).with_options(request.recipe)
             context = request.context or min(spec.context_length, DEFAULT_CONTEXT)
+            files = _file_entries(folder, variant_dir)
+            weights = sum(f.size for f in files if f.path.endswith((".gguf", "openvino_model.bin")))
             estimate = estimate_memory(
-                inspect_model(target_file),
-                weight_bytes=target_file.stat().st_size,
+                inspect_model(target_path),
+                weight_bytes=weights,
                 context=context,
                 kv_cache=recipe.kv_cache,
             )
@@ -183,13 +196,8 @@ def pack(
                     format=fmt,
                     quant=quant,
                     recipe=asdict(recipe),
-                    files=(
-                        FileEntry(
-                            path=f"{variant_name}/{filename}",
-                            size=target_file.stat().st_size,
-                            sha256=sha256_file(target_file),
-                        ),
-                    ),
+                    entry=target_path.relative_to(folder).as_posix(),
+                    files=files,
                     runtime=RuntimeSettings(context=context, kv_cache=recipe.kv_cache),
                     predicted=Figures(memory_bytes=estimate.total, source="estimate"),
                 )
@@ -210,7 +218,7 @@ def pack(
                     file_type=spec.file_type,
                 ),
             ),
-            tokenizer=_tokenizer_info(folder / built[0].files[0].path),
+            tokenizer=_tokenizer_info(folder / built[0].entry),
             variants=tuple(built),
             provenance=Provenance(
                 edgekit_version=__version__,
@@ -229,10 +237,47 @@ def pack(
     return PackResult(path=out, manifest=manifest, warnings=tuple(warnings))
 
 
-def _tokenizer_info(gguf_file: Path) -> TokenizerInfo:
+def _formats(target: str) -> tuple[str, ...]:
+    if target == "openvino":
+        from edgekit.converters.openvino_convert import OPENVINO_FORMATS
+
+        return OPENVINO_FORMATS
+    from edgekit.converters.gguf_formats import GGUF_FORMATS
+
+    return tuple(GGUF_FORMATS)
+
+
+def _file_entries(bundle: Path, variant_dir: Path) -> tuple[FileEntry, ...]:
+    return tuple(
+        FileEntry(
+            path=f.relative_to(bundle).as_posix(), size=f.stat().st_size, sha256=sha256_file(f)
+        )
+        for f in sorted(variant_dir.rglob("*"))
+        if f.is_file()
+    )
+
+
+def _tokenizer_info(entry: Path) -> TokenizerInfo:
+    if entry.is_dir():  # an exported folder keeps the tokenizer's own JSON files
+        import json
+
+        config = json.loads((entry / "tokenizer_config.json").read_text(encoding="utf-8"))
+        template_file = entry / "chat_template.jinja"
+        template = (
+            template_file.read_text(encoding="utf-8")
+            if template_file.is_file()
+            else config.get("chat_template")
+        )
+        spec = inspect_model(entry)
+        return TokenizerInfo(
+            kind=spec.tokenizer,
+            chat_template=template,
+            bos_token=config.get("bos_token"),
+            eos_token=config.get("eos_token"),
+        )
     from edgekit.gguf_header import read_gguf_header
 
-    header = read_gguf_header(gguf_file, keep_arrays=True)
+    header = read_gguf_header(entry, keep_arrays=True)
     tokens = header.get("tokenizer.ggml.tokens") or []
 
     def token(key: str) -> str | None:
@@ -343,9 +388,15 @@ def variant_memory(
     )
 
 
+# OpenVINO formats' bits per weight (INT4 group-wise carries scales and zero points).
+_OPENVINO_BITS = {"F16": 16.0, "INT8": 8.0, "INT4": 4.6, "INT4_SYM": 4.3}
+
+
 def _quality_rank(variant: Variant) -> float:
     from edgekit.converters.gguf_formats import GGUF_FORMATS
 
+    if variant.format == "openvino":
+        return _OPENVINO_BITS.get(variant.quant, 16.0)
     fmt = GGUF_FORMATS.get(variant.quant)
     return fmt.bits_per_weight if fmt else 16.0
 

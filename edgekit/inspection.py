@@ -98,7 +98,12 @@ def _inspect_folder(p: Path) -> ModelSpec:
 
     files = safetensors_files(p)
     if not files:
-        pickles = sorted(f.name for f in p.iterdir() if f.suffix.lower() in PICKLE_SUFFIXES)
+        # An OpenVINO IR keeps its weights in NAME.bin beside NAME.xml: not a pickle.
+        pickles = sorted(
+            f.name
+            for f in p.iterdir()
+            if f.suffix.lower() in PICKLE_SUFFIXES and not f.with_suffix(".xml").is_file()
+        )
         if pickles:
             raise UnsafeModelError(
                 f"{p}: the weights are pickle checkpoints only ({', '.join(pickles)}); "

@@ -84,6 +84,7 @@ class Variant:
     format: str
     quant: str
     recipe: dict[str, Any]
+    entry: str  # what the target loads: a file or a folder, relative to the bundle
     files: tuple[FileEntry, ...]
     runtime: RuntimeSettings
     predicted: Figures = field(default_factory=Figures)
@@ -219,4 +220,3 @@ def json_schema() -> dict[str, Any]:
     }
     defs["Manifest"]["properties"]["schema_version"] = {"const": SCHEMA_VERSION}
     return schema
-

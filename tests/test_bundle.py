@@ -73,9 +73,7 @@ def test_published_schema_is_current_and_validates(bundle: Path) -> None:
     import jsonschema
 
     published = json.loads((ROOT / "docs" / "bundle.schema.json").read_text())
-    assert published == json_schema(), (
-        "regenerate: edgekit schema > docs/bundle.schema.json"
-    )
+    assert published == json_schema(), "regenerate: edgekit schema > docs/bundle.schema.json"
     jsonschema.Draft202012Validator.check_schema(published)
     jsonschema.validate(json.loads((bundle / MANIFEST_NAME).read_text()), published)
 

@@ -18,12 +18,12 @@ from edgekit.manifest import Manifest
 @click.option(
     "--target", default="llamacpp", show_default=True, help="Runtime target of the variants."
 )
-@click.option("--format", "fmt", default="gguf", show_default=True, help="Bundle format (gguf).")
 @click.option(
     "--quant",
     default="Q4_K_M",
     show_default=True,
-    help="Quantization; several, comma-separated, make several variants (Q4_K_M,Q8_0).",
+    help="Quantization; several, comma-separated, make several variants, each optionally "
+    "TARGET:QUANT (Q4_K_M,Q8_0,openvino:INT4).",
 )
 @click.option("--recipe", help="Recipe options for every variant: embeddings=Q8_0,kv_cache=q8_0.")
 @click.option(
@@ -37,7 +37,6 @@ from edgekit.manifest import Manifest
 def pack_command(
     model: Path | None,
     target: str,
-    fmt: str,
     quant: str,
     recipe: str | None,
     context: int | None,
@@ -50,17 +49,19 @@ def pack_command(
     """Convert MODEL into a deployable bundle (default: the embedded default model)."""
     from edgekit.bundle import VariantRequest, pack
     from edgekit.default_model import default_model_path
-    from edgekit.errors import UnsupportedConversionError
 
-    if fmt != "gguf":
-        raise UnsupportedConversionError(
-            f"bundle format {fmt!r} cannot be packed yet", hint="use --format gguf"
-        )
-    requests = [
-        VariantRequest(target=target, quant=q.strip(), recipe=recipe, context=context)
-        for q in quant.split(",")
-        if q.strip()
-    ]
+    requests = []
+    for item in (q.strip() for q in quant.split(",")):
+        if item:
+            variant_target, _, variant_quant = item.rpartition(":")
+            requests.append(
+                VariantRequest(
+                    target=variant_target or target,
+                    quant=variant_quant,
+                    recipe=recipe,
+                    context=context,
+                )
+            )
     with progress_bars(disable=as_json) as on_progress:
         result = pack(
             model or default_model_path(),

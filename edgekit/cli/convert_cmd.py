@@ -13,14 +13,26 @@ from edgekit.cli.progress import progress_bars
 
 @main.command("convert")
 @click.argument("src", type=click.Path(path_type=Path))
-@click.option("--to", "to", type=click.Choice(["gguf", "hf"]), required=True, help="Output format.")
 @click.option(
-    "--quant", help="GGUF type: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, ... (default F16)."
+    "--to",
+    "to",
+    type=click.Choice(["gguf", "openvino", "hf"]),
+    required=True,
+    help="Output format.",
+)
+@click.option(
+    "--quant",
+    help="GGUF: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, ... (default F16); "
+    "OpenVINO: F16, INT8, INT4, INT4_SYM (default INT4).",
 )
 @click.option(
     "-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Output path."
 )
-@click.option("--recipe", help="Recipe options: embeddings=Q8_0,output=Q8_0,kv_cache=q8_0.")
+@click.option(
+    "--recipe",
+    help="Recipe options: embeddings=Q8_0, output=Q8_0, kv_cache=q8_0, group_size=64, ratio=0.8, "
+    "calibration=FILE (comma-separated).",
+)
 @click.option(
     "--tokenizer-pre", help="llama.cpp pre-tokenizer name, when edgekit cannot detect it."
 )
@@ -44,7 +56,7 @@ def convert_command(
     with progress_bars(disable=as_json) as on_progress:
         result = convert_model(
             src,
-            "hf" if to == "hf" else "gguf",
+            "hf" if to == "hf" else "openvino" if to == "openvino" else "gguf",
             out,
             quant=quant,
             recipe=recipe,
