@@ -215,8 +215,10 @@ def test_concurrent_generate_on_one_loaded_session(bundle: Path) -> None:
 
 
 def test_pack_refuses_before_working(default_gguf: Path, tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedConversionError, match="openvino"):
-        pack(default_gguf, tmp_path / "b", [VariantRequest(target="openvino", quant="INT4")])
+    with pytest.raises(UnsupportedConversionError, match="tensorrt"):
+        pack(default_gguf, tmp_path / "b", [VariantRequest(target="tensorrt", quant="INT8")])
+    with pytest.raises(UnsupportedConversionError, match="not a openvino format"):
+        pack(default_gguf, tmp_path / "b", [VariantRequest(target="openvino", quant="Q4_K_M")])
     with pytest.raises(UnsupportedConversionError, match="Q9"):
         pack(default_gguf, tmp_path / "b", [VariantRequest(quant="Q9")])
     (tmp_path / "b").mkdir()
