@@ -7,16 +7,13 @@ of the same document; a test keeps the two in step). Reading rejects an unknown
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import types
-import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgekit.errors import BundleSchemaError
-from edgekit.schema import build
+from edgekit.schema import build, dataclass_json_schema
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
@@ -166,57 +163,11 @@ def read_manifest(folder: Path) -> Manifest:
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of the manifest, derived from the dataclasses.
-
-    ``docs/bundle.schema.json`` is this function's output (``edgekit schema``); a test
-    keeps them equal.
-    """
-    defs: dict[str, Any] = {}
-
-    def of(tp: Any) -> dict[str, Any]:
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
-        if origin in (typing.Union, types.UnionType):
-            return {"anyOf": [of(a) for a in args]}
-        if origin is tuple:
-            return {"type": "array", "items": of(args[0])}
-        if origin is dict:
-            return {"type": "object"}
-        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-            name = tp.__name__
-            if name not in defs:
-                defs[name] = {}  # placeholder against recursion
-                hints = typing.get_type_hints(tp)
-                fields = dataclasses.fields(tp)
-                defs[name] = {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {f.name: of(hints[f.name]) for f in fields},
-                    "required": [
-                        f.name
-                        for f in fields
-                        if f.default is dataclasses.MISSING
-                        and f.default_factory is dataclasses.MISSING
-                    ],
-                }
-            return {"$ref": f"#/$defs/{name}"}
-        simple = {
-            int: "integer",
-            float: "number",
-            str: "string",
-            bool: "boolean",
-            type(None): "null",
-        }
-        if tp in simple:
-            return {"type": simple[tp]}
-        return {}
-
-    root = of(Manifest)
-    schema: dict[str, Any] = {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://edgekit.dev/schemas/bundle-manifest-1.json",
-        "title": "edgekit bundle manifest",
-        **root,
-        "$defs": defs,
-    }
-    defs["Manifest"]["properties"]["schema_version"] = {"const": SCHEMA_VERSION}
-    return schema
+    """The JSON Schema of the manifest (``docs/bundle.schema.json``, ``edgekit schema``;
+    a test keeps them equal)."""
+    return dataclass_json_schema(
+        Manifest,
+        title="edgekit bundle manifest",
+        schema_id="https://edgekit.dev/schemas/bundle-manifest-1.json",
+        consts={"schema_version": SCHEMA_VERSION},
+    )

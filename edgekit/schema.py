@@ -85,3 +85,59 @@ def _convert(tp: Any, value: Any, where: str, error: type[SchemaError]) -> Any:
     raise error(
         f"{where}: expected {getattr(tp, '__name__', tp)}, found {type(value).__name__} {value!r}"
     )
+
+
+def dataclass_json_schema(
+    root: type, *, title: str, schema_id: str, consts: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12) derived from a tree of dataclasses: every dataclass a
+    ``$defs`` entry with no additional properties; ``consts`` pins top-level values."""
+    defs: dict[str, Any] = {}
+
+    def of(tp: Any) -> dict[str, Any]:
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin in (typing.Union, types.UnionType):
+            return {"anyOf": [of(a) for a in args]}
+        if origin is typing.Literal:
+            return {"enum": list(args)}
+        if origin is tuple:
+            return {"type": "array", "items": of(args[0])}
+        if origin is dict:
+            return {"type": "object"}
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            name = tp.__name__
+            if name not in defs:
+                defs[name] = {}  # placeholder against recursion
+                hints = typing.get_type_hints(tp)
+                fields = dataclasses.fields(tp)
+                defs[name] = {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {f.name: of(hints[f.name]) for f in fields},
+                    "required": [
+                        f.name
+                        for f in fields
+                        if f.default is dataclasses.MISSING
+                        and f.default_factory is dataclasses.MISSING
+                    ],
+                }
+            return {"$ref": f"#/$defs/{name}"}
+        simple = {
+            int: "integer",
+            float: "number",
+            str: "string",
+            bool: "boolean",
+            type(None): "null",
+        }
+        return {"type": simple[tp]} if tp in simple else {}
+
+    top = of(root)
+    for key, value in (consts or {}).items():
+        defs[root.__name__]["properties"][key] = {"const": value}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": schema_id,
+        "title": title,
+        **top,
+        "$defs": defs,
+    }

@@ -328,6 +328,23 @@ class OpenVinoSession(Session):
             result = request.infer(feed)
             return np.asarray(result[self._compiled.output(0)][0], dtype=np.float32)
 
+    def clear_cache(self) -> None:
+        """openvino-genai keeps the KV cache of the last generate() and reuses it when the
+        next prompt starts the same way (a repeated prompt is 'prefilled' in ~10 ms). It
+        has no call to drop it, so a one-token generation replaces the cached prefix: the
+        next prompt then shares at most one token with the cache."""
+        import numpy as np
+        import openvino as ov
+
+        with self._lock:
+            self._check_open()
+            ids = np.zeros((1, 1), dtype=np.int64)
+            config = self._pipe.get_generation_config()
+            config.max_new_tokens, config.do_sample = 1, False
+            self._pipe.generate(
+                self._genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config
+            )
+
     def _check_open(self) -> None:
         if self._closed:
             raise GenerationError("the session is closed", hint="load the model again")

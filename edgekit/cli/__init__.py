@@ -78,6 +78,7 @@ def emit_json(data: Any) -> None:
 
 # Commands register themselves on ``main`` when their modules are imported.
 from edgekit.cli import (  # noqa: E402,F401
+    bench_cmd,
     bundle_cmd,
     convert_cmd,
     inspect_cmd,

@@ -114,8 +114,15 @@ def verify_command(bundle: Path, fast: bool, as_json: bool) -> None:
 
 
 @main.command("schema")
-def schema_command() -> None:
-    """Print the JSON Schema of bundle manifests (docs/bundle.schema.json)."""
+@click.argument("kind", type=click.Choice(["bundle", "bench"]), default="bundle")
+def schema_command(kind: str) -> None:
+    """Print the JSON Schema of bundle manifests (docs/bundle.schema.json) or of bench
+    results (docs/bench.schema.json)."""
+    if kind == "bench":
+        from edgekit.bench import json_schema as bench_schema
+
+        emit_json(bench_schema())
+        return
     from edgekit.manifest import json_schema
 
     emit_json(json_schema())

@@ -87,6 +87,12 @@ class Nvml:
             power_limit_w=limit.value / 1000 if rc == 0 else None,
         )
 
+    def energy_j(self, index: int) -> float | None:
+        """Total energy since the driver loaded (Volta and newer), or None if unsupported."""
+        mj = ctypes.c_ulonglong()
+        rc = self.lib.nvmlDeviceGetTotalEnergyConsumption(self.handle(index), ctypes.byref(mj))
+        return mj.value / 1000 if rc == 0 else None
+
     def power_w(self, index: int) -> float:
         mw = ctypes.c_uint()
         self._check(self.lib.nvmlDeviceGetPowerUsage(self.handle(index), ctypes.byref(mw)), "Power")

@@ -1,0 +1,166 @@
+"""``edgekit bench``: measure a bundle on this host; ``--compare`` two saved results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from edgekit.cli import emit_json, err_console, json_option, main
+from edgekit.cli.progress import progress_bars
+
+
+def _ints(text: str | None) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip()) if text else ()
+
+
+@main.command("bench")
+@click.argument("bundle", required=False, type=click.Path(path_type=Path))
+@click.option("--variant", help="Variant to measure (default: the one load() picks).")
+@click.option("--threads", help="Thread counts to sweep, e.g. 1,2,4 (default: physical cores).")
+@click.option("--ctx", type=int, help="Context length.")
+@click.option("--prompt-lengths", default="128,512", show_default=True)
+@click.option("--gen-tokens", default=128, show_default=True, type=int)
+@click.option("--repeats", default=3, show_default=True, type=int)
+@click.option("--warmup", default=1, show_default=True, type=int)
+@click.option(
+    "--meter", help="Power meter to use: rapl, nvml, jetson-ina, powermetrics, battery, estimated."
+)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Save the result JSON here.")
+@click.option(
+    "--compare", nargs=2, type=click.Path(path_type=Path), help="Compare two saved results."
+)
+@json_option
+def bench_command(
+    bundle: Path | None,
+    variant: str | None,
+    threads: str | None,
+    ctx: int | None,
+    prompt_lengths: str,
+    gen_tokens: int,
+    repeats: int,
+    warmup: int,
+    meter: str | None,
+    output: Path | None,
+    compare: tuple[Path, Path] | None,
+    as_json: bool,
+) -> None:
+    """Measure load time, TTFT, prefill/decode tok/s, memory and watts of BUNDLE."""
+    from edgekit.bench import bench, headline, load_result
+
+    if compare:
+        a, b = (load_result(p) for p in compare)
+        ha, hb = headline(a), headline(b)
+        rows = {k: (ha.get(k), hb.get(k)) for k in dict.fromkeys([*ha, *hb])}
+        if as_json:
+            emit_json({k: {"a": x, "b": y, "change_pct": _pct(x, y)} for k, (x, y) in rows.items()})
+            return
+        t = Table(
+            "figure",
+            f"A: {a.variant} ({compare[0].name})",
+            f"B: {b.variant} ({compare[1].name})",
+            "B vs A",
+            title=f"meters: A {a.meter.name}, B {b.meter.name}",
+            title_justify="left",
+        )
+        for k, (x, y) in rows.items():
+            change = _pct(x, y)
+            t.add_row(k, _fmt(x), _fmt(y), f"{change:+.1f}%" if change is not None else "-")
+        Console().print(t)
+        return
+    if bundle is None:
+        raise click.UsageError("pass a BUNDLE to measure, or --compare A.json B.json")
+    with progress_bars(disable=as_json) as on_progress:
+        result = bench(
+            bundle,
+            variant=variant,
+            threads=_ints(threads) or (None,),
+            context=ctx,
+            prompt_lengths=_ints(prompt_lengths),
+            gen_tokens=gen_tokens,
+            repeats=repeats,
+            warmup=warmup,
+            meter=meter,
+            progress=on_progress,
+        )
+    data = result.to_dict()
+    if output:
+        output.write_text(json.dumps(data, indent=2))
+    if as_json:
+        emit_json(data)
+        return
+    render_result(result, Console())
+    if result.thermal.throttled:
+        err_console.print(
+            "[bold yellow]warning:[/] the CPU clock dropped or ran hot during the run: "
+            "figures may be throttled",
+            highlight=False,
+        )
+    if output:
+        err_console.print(f"saved {output}", highlight=False)
+
+
+def _pct(a: float | None, b: float | None) -> float | None:
+    return 100 * (b - a) / a if a and b is not None else None
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def render_result(result: object, console: Console) -> None:
+    from edgekit.bench import BenchResult
+
+    if not isinstance(result, BenchResult):
+        raise TypeError("a BenchResult")
+    label = "measured" if result.meter.measured else "estimated"
+    t = Table(
+        "threads",
+        "phase",
+        "tokens",
+        "tok/s (median [min-max])",
+        "TTFT s",
+        "W avg/peak",
+        "J/token",
+        title=f"{result.variant} ({result.target} {result.quant}) - "
+        f"power: {result.meter.name} ({label})",
+        title_justify="left",
+    )
+    for run in result.runs:
+        for p in run.prefill:
+            t.add_row(
+                str(run.threads),
+                "prefill",
+                str(p.prompt_tokens),
+                f"{p.tok_s.median:.1f} [{p.tok_s.min:.1f}-{p.tok_s.max:.1f}]",
+                f"{p.ttft_s.median:.3f}",
+                _watts(p.power.avg_w, p.power.peak_w),
+                _fmt(p.joules_per_token),
+            )
+        d = run.decode
+        t.add_row(
+            str(run.threads),
+            "decode",
+            str(d.tokens),
+            f"{d.tok_s.median:.1f} [{d.tok_s.min:.1f}-{d.tok_s.max:.1f}]",
+            "",
+            _watts(d.power.avg_w, d.power.peak_w),
+            _fmt(d.joules_per_token),
+        )
+        t.add_row(
+            str(run.threads),
+            "load",
+            "",
+            "",
+            f"{run.load_s:.2f}",
+            "",
+            f"peak RSS {run.peak_rss_mb:.0f} MB",
+        )
+    console.print(t)
+
+
+def _watts(avg: float | None, peak: float | None) -> str:
+    return "-" if avg is None else f"{avg:.1f}/{peak:.1f}"
