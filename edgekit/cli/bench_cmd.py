@@ -116,12 +116,12 @@ def render_result(result: object, console: Console) -> None:
 
     if not isinstance(result, BenchResult):
         raise TypeError("a BenchResult")
-    label = "measured" if result.meter.measured else "estimated"
+    label = "a sensor" if result.meter.measured else "an estimate, no sensor here"
     t = Table(
         "threads",
         "phase",
         "tokens",
-        "tok/s (median [min-max])",
+        "tok/s median (range)",
         "TTFT s",
         "W avg/peak",
         "J/token",
@@ -135,7 +135,7 @@ def render_result(result: object, console: Console) -> None:
                 str(run.threads),
                 "prefill",
                 str(p.prompt_tokens),
-                f"{p.tok_s.median:.1f} [{p.tok_s.min:.1f}-{p.tok_s.max:.1f}]",
+                _rate(p.tok_s),
                 f"{p.ttft_s.median:.3f}",
                 _watts(p.power.avg_w, p.power.peak_w),
                 _fmt(p.joules_per_token),
@@ -145,7 +145,7 @@ def render_result(result: object, console: Console) -> None:
             str(run.threads),
             "decode",
             str(d.tokens),
-            f"{d.tok_s.median:.1f} [{d.tok_s.min:.1f}-{d.tok_s.max:.1f}]",
+            _rate(d.tok_s),
             "",
             _watts(d.power.avg_w, d.power.peak_w),
             _fmt(d.joules_per_token),
@@ -160,6 +160,14 @@ def render_result(result: object, console: Console) -> None:
             f"peak RSS {run.peak_rss_mb:.0f} MB",
         )
     console.print(t)
+
+
+def _rate(s: object) -> str:
+    from edgekit.bench import Spread
+
+    if not isinstance(s, Spread):
+        raise TypeError("a Spread")
+    return f"{s.median:.0f} ({s.min:.0f}-{s.max:.0f})"
 
 
 def _watts(avg: float | None, peak: float | None) -> str:
