@@ -59,6 +59,16 @@ def convert_model(
     """
     src, out = Path(src), Path(out)
     start = time.perf_counter()
+
+    def done(fmt: OutputFormat, quant: str | None, warnings: tuple[str, ...]) -> ConvertResult:
+        return ConvertResult(
+            path=out,
+            format=fmt,
+            quant=quant,
+            seconds=time.perf_counter() - start,
+            warnings=warnings,
+        )
+
     check_destination(out, force=force)
     spec = inspect_model(src)
     if to == "hf":
@@ -71,26 +81,14 @@ def convert_model(
                 "--quant does not apply to --to hf (it writes float32)"
             )
         r = gguf_to_hf(src, out, force=force, progress=progress)
-        return ConvertResult(
-            path=out,
-            format="hf",
-            quant=None,
-            seconds=time.perf_counter() - start,
-            warnings=r.warnings,
-        )
+        return done("hf", None, r.warnings)
     if to == "openvino":
         from edgekit.converters.openvino_convert import hf_to_openvino
 
         name = (quant or "INT4").upper()
         options = Recipe(weights=name).with_options(recipe)
         exported = hf_to_openvino(src, out, name, recipe=options, force=force, progress=progress)
-        return ConvertResult(
-            path=out,
-            format="openvino",
-            quant=name,
-            seconds=time.perf_counter() - start,
-            warnings=exported.warnings,
-        )
+        return done("openvino", name, exported.warnings)
     if to != "gguf":
         raise UnsupportedConversionError(
             f"unknown output format {to!r}", hint="use gguf, openvino or hf"
@@ -112,13 +110,7 @@ def convert_model(
         q = quantize_gguf(
             src, out, name, recipe=options, threads=threads, force=force, progress=progress
         )
-        return ConvertResult(
-            path=out,
-            format="gguf",
-            quant=name,
-            seconds=time.perf_counter() - start,
-            warnings=q.warnings,
-        )
+        return done("gguf", name, q.warnings)
     if name in FLOAT_FORMATS:
         hf_to_gguf(
             src,
@@ -129,9 +121,7 @@ def convert_model(
             force=force,
             progress=progress,
         )
-        return ConvertResult(
-            path=out, format="gguf", quant=name, seconds=time.perf_counter() - start, warnings=()
-        )
+        return done("gguf", name, ())
     # Quantize from a lossless intermediate in the source's own precision.
     lossless = spec.dtype if spec.dtype in FLOAT_FORMATS else "F32"
     intermediate = out.with_name(f".{out.name}.{lossless.lower()}-intermediate.gguf")
@@ -150,10 +140,4 @@ def convert_model(
         )
     finally:
         intermediate.unlink(missing_ok=True)
-    return ConvertResult(
-        path=out,
-        format="gguf",
-        quant=name,
-        seconds=time.perf_counter() - start,
-        warnings=q.warnings,
-    )
+    return done("gguf", name, q.warnings)

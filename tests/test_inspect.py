@@ -26,6 +26,18 @@ from tests.builders import (
     write_hf_folder,
 )
 
+# Llama-2-7B's published config: 6,738,415,616 parameters.
+LLAMA2_7B = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+}
 # SmolLM2-135M: 30 layers, hidden 576, 9 heads / 3 KV heads, FFN 1536, vocab 49152, tied.
 SMOLLM2_PARAMS = 134_515_008
 SMOLLM2 = {
@@ -83,19 +95,7 @@ def test_each_family_from_headers(tmp_path: Path, family: str, shards: int) -> N
 
 
 def test_config_only_folder_is_described_from_the_config(tmp_path: Path) -> None:
-    # Llama-2-7B's published config: 6,738,415,616 parameters.
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": 4096,
-        "intermediate_size": 11008,
-        "num_attention_heads": 32,
-        "num_hidden_layers": 32,
-        "num_key_value_heads": 32,
-        "vocab_size": 32000,
-        "max_position_embeddings": 4096,
-        "torch_dtype": "float16",
-    }
+    config = {**LLAMA2_7B, "torch_dtype": "float16"}
     tmp_path.joinpath("config.json").write_text(json.dumps(config))
     spec = inspect_model(tmp_path)
     assert spec.parameters_source == "config"
@@ -390,16 +390,7 @@ def test_a_7b_folder_is_inspected_fast_and_small(tmp_path: Path) -> None:
     import time
     import tracemalloc
 
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": 4096,
-        "intermediate_size": 11008,
-        "num_attention_heads": 32,
-        "num_hidden_layers": 32,
-        "vocab_size": 32000,
-        "max_position_embeddings": 4096,
-    }
+    config = LLAMA2_7B
     fam = family_for_hf("llama")
     tensors = expected_tensors(fam, dimensions_from_config(config, fam, "7b"))
     tmp_path.joinpath("config.json").write_text(json.dumps(config))
