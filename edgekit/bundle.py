@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 from edgekit import __version__
 from edgekit.archive import extract_archive, write_archive
@@ -42,6 +43,7 @@ from edgekit.manifest import (
     Manifest,
     ModelIdentity,
     Provenance,
+    Quality,
     RuntimeSettings,
     SourceModel,
     TokenizerInfo,
@@ -108,16 +110,21 @@ def pack(
     name: str | None = None,
     archive: bool = False,
     force: bool = False,
+    max_quality_loss: float | None = None,
     progress: ProgressCallback = no_progress,
 ) -> PackResult:
     """Convert ``model`` into each requested variant and write one bundle at ``out``.
 
     With ``archive``, ``out`` is a .tar file of the bundle folder instead of the folder.
+    With ``max_quality_loss`` (mean KL divergence, nats per token, against ``model``), each
+    variant is evaluated after conversion and the pack fails if one measures worse; the
+    measurement is stored in the variant's ``quality``.
 
     Raises:
         UnsupportedConversionError: a target or format that cannot be packed (before any work).
         OutputExistsError: ``out`` exists and ``force`` is not set.
         ModelError, ConversionError: from inspection and conversion; nothing is left at ``out``.
+        QualityError: a variant measured a larger loss than ``max_quality_loss``.
     """
     from edgekit.converters.convert import convert_model
     from edgekit.converters.recipe import Recipe
@@ -153,6 +160,7 @@ def pack(
         built: list[Variant] = []
         warnings: list[str] = []
         hf_source: Path | None = None
+        reference: tuple[Any, Any] | None = None
         for i, request in enumerate(variants):
             fmt, entry = PACKABLE[request.target]
             quant = request.quant.upper()
@@ -179,6 +187,19 @@ def pack(
                 progress=progress,
             )
             warnings.extend(w for w in converted.warnings if w not in warnings)
+            measured = None
+            if max_quality_loss is not None:
+                if reference is None:
+                    reference = _open_source_reference(model)
+                measured = _check_quality(
+                    request.target,
+                    quant,
+                    target_path,
+                    reference[0],
+                    str(model),
+                    max_quality_loss,
+                    progress,
+                )
             recipe = Recipe(weights=quant).with_options(request.recipe)
             context = request.context or min(spec.context_length, DEFAULT_CONTEXT)
             files = _file_entries(folder, variant_dir)
@@ -200,8 +221,11 @@ def pack(
                     files=files,
                     runtime=RuntimeSettings(context=context, kv_cache=recipe.kv_cache),
                     predicted=Figures(memory_bytes=estimate.total, source="estimate"),
+                    quality=measured,
                 )
             )
+        if reference is not None:
+            reference[1].close()
         manifest = Manifest(
             schema_version=SCHEMA_VERSION,
             name=bundle_name,
@@ -235,6 +259,52 @@ def pack(
         if archive:
             write_archive(folder, tmp_out)
     return PackResult(path=out, manifest=manifest, warnings=tuple(warnings))
+
+
+def _open_source_reference(model: Path) -> tuple[Any, Any]:
+    from edgekit.evaluation import open_reference
+
+    return open_reference(str(model))
+
+
+def _check_quality(
+    target: str,
+    quant: str,
+    path: Path,
+    reference: Any,
+    reference_name: str,
+    max_kl: float,
+    progress: ProgressCallback,
+) -> Quality:
+    from edgekit.accuracy import evaluate
+    from edgekit.converters import quality
+    from edgekit.errors import QualityError
+    from edgekit.targets.registry import get_target
+
+    with get_target(target).load(path, logits=True) as session:
+        result = evaluate(session, reference, ctx=512, chunks=4, progress=progress)
+    quality.record(target, quant, result.kl_mean)
+    if result.kl_mean > max_kl:
+        sizes = [(f, _quality_rank_of(target, f)) for f in _formats(target)]
+        better = quality.next_larger_meeting(target, sizes, quant, max_kl)
+        raise QualityError(
+            f"{target} {quant} measured a mean KL of {result.kl_mean:.4f} nats/token against the "
+            f"source; --max-quality-loss allows {max_kl}",
+            hint=f"{better} is expected to meet it"
+            if better
+            else "no known format of this target is expected to meet it: allow more loss",
+        )
+    return Quality(
+        reference=reference_name,
+        text="edgekit default text",
+        perplexity=result.perplexity,
+        reference_perplexity=result.reference_perplexity,
+        kl_mean=result.kl_mean,
+        kl_p99=result.kl_p99,
+        top1_agreement=result.top1_agreement,
+        tokens_scored=result.tokens_scored,
+        ctx=result.ctx,
+    )
 
 
 def _formats(target: str) -> tuple[str, ...]:
@@ -392,13 +462,18 @@ def variant_memory(
 _OPENVINO_BITS = {"F16": 16.0, "INT8": 8.0, "INT4": 4.6, "INT4_SYM": 4.3}
 
 
-def _quality_rank(variant: Variant) -> float:
+def _quality_rank_of(target: str, quant: str) -> float:
+    """Bits per weight of a format: more bits, less loss."""
     from edgekit.converters.gguf_formats import GGUF_FORMATS
 
-    if variant.format == "openvino":
-        return _OPENVINO_BITS.get(variant.quant, 16.0)
-    fmt = GGUF_FORMATS.get(variant.quant)
+    if target == "openvino":
+        return _OPENVINO_BITS.get(quant, 16.0)
+    fmt = GGUF_FORMATS.get(quant)
     return fmt.bits_per_weight if fmt else 16.0
+
+
+def _quality_rank(variant: Variant) -> float:
+    return _quality_rank_of(variant.target, variant.quant)
 
 
 def choose_variant(

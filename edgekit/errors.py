@@ -24,8 +24,10 @@ Hierarchy::
     │   ├── UnsafeArchiveError      an archive member escapes, links out, or is too big
     │   └── NoUsableVariantError    no variant can run on this host
     ├── ProbeError                  a host probe part failed (the probe itself reports, not raises)
+    ├── EvalError                   an accuracy evaluation cannot be made as asked
     ├── ConversionError             a conversion or quantization failed
     │   ├── UnsupportedConversionError  the source, format or option cannot be converted
+    │   ├── QualityError            a variant measured worse than --max-quality-loss
     │   └── OutputExistsError       the output path exists and --force was not given
     └── TargetError                 a runtime target is unknown or cannot run here
         ├── TargetUnavailableError  its SDK or hardware is missing
@@ -131,8 +133,16 @@ class ProbeError(EdgekitError):
     """One part of the host probe failed; the probe reports these rather than raising."""
 
 
+class EvalError(EdgekitError):
+    """An accuracy evaluation cannot be made as asked (tokenizers differ, text too short)."""
+
+
 class ConversionError(EdgekitError):
     """A conversion or quantization failed; nothing was written at the destination."""
+
+
+class QualityError(ConversionError):
+    """A packed variant measured a larger quality loss than allowed."""
 
 
 class UnsupportedConversionError(ConversionError):

@@ -75,6 +75,21 @@ class Figures:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Quality:
+    """Measured by ``edgekit eval`` against ``reference`` (docs/accuracy.md states the method)."""
+
+    reference: str
+    text: str
+    perplexity: float
+    reference_perplexity: float
+    kl_mean: float
+    kl_p99: float
+    top1_agreement: float
+    tokens_scored: int
+    ctx: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Variant:
     name: str
     target: str
@@ -86,6 +101,7 @@ class Variant:
     runtime: RuntimeSettings
     predicted: Figures = field(default_factory=Figures)
     measured: Figures = field(default_factory=Figures)
+    quality: Quality | None = None
 
     @property
     def size(self) -> int:

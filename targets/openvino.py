@@ -94,6 +94,7 @@ class OpenVinoSession(Session):
         context: int | None = None,
         max_prompt_len: int = NPU_MAX_PROMPT,
         min_response_len: int = NPU_MIN_RESPONSE,
+        logits: bool = False,  # accepted for the shared API: logits() always works here
     ) -> None:
         super().__init__()
         try:

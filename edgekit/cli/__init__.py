@@ -81,6 +81,7 @@ from edgekit.cli import (  # noqa: E402,F401
     bench_cmd,
     bundle_cmd,
     convert_cmd,
+    eval_cmd,
     inspect_cmd,
     probe_cmd,
     profiles_cmd,

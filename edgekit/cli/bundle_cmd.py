@@ -32,6 +32,11 @@ from edgekit.manifest import Manifest
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True)
 @click.option("--name", help="Bundle name (default: the output's name).")
 @click.option("--archive", is_flag=True, help="Write one .tar file instead of a folder.")
+@click.option(
+    "--max-quality-loss",
+    type=float,
+    help="Largest mean KL divergence (nats/token) against MODEL a variant may measure.",
+)
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @json_option
 def pack_command(
@@ -43,6 +48,7 @@ def pack_command(
     out: Path,
     name: str | None,
     archive: bool,
+    max_quality_loss: float | None,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -70,6 +76,7 @@ def pack_command(
             name=name,
             archive=archive,
             force=force,
+            max_quality_loss=max_quality_loss,
             progress=on_progress,
         )
     if as_json:

@@ -1,0 +1,109 @@
+"""``eval`` for bundles: open the variant and the reference, compare, record the result."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from edgekit.accuracy import EvalResult, LogitSource, TransformersReference, evaluate
+from edgekit.errors import EvalError
+from edgekit.manifest import MANIFEST_NAME, Quality
+from edgekit.progress import ProgressCallback, no_progress
+
+
+def open_reference(reference: str, bundle: Path | None = None) -> tuple[LogitSource, Any]:
+    """A logit source for ``reference``: a variant of ``bundle``, a Hugging Face folder
+    (transformers, float32), or a GGUF file (llama.cpp, f32 KV cache). Returns the source and
+    something to close.
+
+    Raises:
+        EvalError: nothing of that name.
+    """
+    import edgekit
+
+    if bundle is not None:
+        from edgekit.bundle import open_bundle
+
+        names = [v.name for v in open_bundle(bundle).manifest.variants]
+        if reference in names:
+            session = edgekit.load(bundle, variant=reference, logits=True)
+            return session, session
+    path = Path(reference)
+    if path.is_dir() and (path / "config.json").is_file():
+        ref = TransformersReference(path)
+        return ref, ref
+    if path.is_file() and path.suffix == ".gguf":
+        from edgekit.targets.llamacpp import LlamaCppTarget
+
+        session = LlamaCppTarget.load(path, logits=True, kv_cache="f32")
+        return session, session
+    raise EvalError(
+        f"reference {reference!r} is neither a variant of the bundle, a Hugging Face folder, "
+        "nor a .gguf file",
+        hint="pass the model the bundle was made from, or another variant's name",
+    )
+
+
+def eval_bundle(
+    bundle: str | Path,
+    *,
+    variant: str | None,
+    reference: str,
+    text_file: str | Path | None = None,
+    ctx: int = 512,
+    chunks: int | None = 8,
+    record: bool = False,
+    progress: ProgressCallback = no_progress,
+) -> tuple[str, EvalResult]:
+    """Evaluate one variant of ``bundle`` against ``reference``; with ``record``, store the
+    result in the bundle's manifest and in the local quality table."""
+    import edgekit
+    from edgekit.converters import quality
+
+    text = Path(text_file).read_text(encoding="utf-8", errors="replace") if text_file else None
+    session = edgekit.load(bundle, variant=variant, logits=True, context=max(ctx, 512))
+    ref, closer = open_reference(reference, Path(bundle))
+    try:
+        result = evaluate(session, ref, text=text, ctx=ctx, chunks=chunks, progress=progress)
+    finally:
+        session.close()
+        closer.close()
+    chosen = session.variant
+    if record:
+        quality.record(chosen.target, chosen.quant, result.kl_mean)
+        _record_in_manifest(
+            Path(bundle),
+            chosen.name,
+            Quality(
+                reference=str(reference),
+                text=str(text_file or "edgekit default text"),
+                perplexity=result.perplexity,
+                reference_perplexity=result.reference_perplexity,
+                kl_mean=result.kl_mean,
+                kl_p99=result.kl_p99,
+                top1_agreement=result.top1_agreement,
+                tokens_scored=result.tokens_scored,
+                ctx=result.ctx,
+            ),
+        )
+    return chosen.name, result
+
+
+def _record_in_manifest(bundle: Path, variant: str, figures: Quality) -> None:
+    from edgekit.bundle import open_bundle
+
+    opened = open_bundle(bundle)
+    manifest = replace(
+        opened.manifest,
+        variants=tuple(
+            replace(v, quality=figures) if v.name == variant else v
+            for v in opened.manifest.variants
+        ),
+    )
+    path = opened.folder / MANIFEST_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(asdict(manifest), indent=2))
+    os.replace(tmp, path)
