@@ -294,17 +294,7 @@ def _check_quality(
             if better
             else "no known format of this target is expected to meet it: allow more loss",
         )
-    return Quality(
-        reference=reference_name,
-        text="edgekit default text",
-        perplexity=result.perplexity,
-        reference_perplexity=result.reference_perplexity,
-        kl_mean=result.kl_mean,
-        kl_p99=result.kl_p99,
-        top1_agreement=result.top1_agreement,
-        tokens_scored=result.tokens_scored,
-        ctx=result.ctx,
-    )
+    return Quality.of(result, reference=reference_name, text="edgekit default text")
 
 
 def _formats(target: str) -> tuple[str, ...]:

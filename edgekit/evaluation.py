@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,16 +76,8 @@ def eval_bundle(
         _record_in_manifest(
             Path(bundle),
             chosen.name,
-            Quality(
-                reference=str(reference),
-                text=str(text_file or "edgekit default text"),
-                perplexity=result.perplexity,
-                reference_perplexity=result.reference_perplexity,
-                kl_mean=result.kl_mean,
-                kl_p99=result.kl_p99,
-                top1_agreement=result.top1_agreement,
-                tokens_scored=result.tokens_scored,
-                ctx=result.ctx,
+            Quality.of(
+                result, reference=str(reference), text=str(text_file or "edgekit default text")
             ),
         )
     return chosen.name, result
@@ -105,5 +96,5 @@ def _record_in_manifest(bundle: Path, variant: str, figures: Quality) -> None:
     )
     path = opened.folder / MANIFEST_NAME
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(manifest), indent=2))
+    tmp.write_text(manifest.to_json())
     os.replace(tmp, path)

@@ -88,6 +88,21 @@ class Quality:
     tokens_scored: int
     ctx: int
 
+    @classmethod
+    def of(cls, result: Any, *, reference: str, text: str) -> Quality:
+        """From an ``edgekit.accuracy.EvalResult``."""
+        return cls(
+            reference=reference,
+            text=text,
+            perplexity=result.perplexity,
+            reference_perplexity=result.reference_perplexity,
+            kl_mean=result.kl_mean,
+            kl_p99=result.kl_p99,
+            top1_agreement=result.top1_agreement,
+            tokens_scored=result.tokens_scored,
+            ctx=result.ctx,
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class Variant:
