@@ -136,6 +136,9 @@ class TransformersReference:
             ) from exc
         self._torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        # The whole text is tokenized once and then windowed: the model never sees more than
+        # one window, so the tokenizer's length warning does not apply.
+        self.tokenizer.model_max_length = 1 << 40
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         self.model.eval()  # type: ignore[no-untyped-call]
 
