@@ -33,10 +33,6 @@ class Recipe:
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)
 
-    @classmethod
-    def from_json(cls, text: str) -> Recipe:
-        return cls(**json.loads(text))
-
     def with_options(self, text: str | None) -> Recipe:
         """Apply ``key=value,key=value`` options (the CLI's ``--recipe``).
 

@@ -156,12 +156,6 @@ def _thermal() -> tuple[float | None, float | None]:
     return mhz, (max(temps) if temps else None)
 
 
-def _power(window: PowerWindow) -> Power:
-    return Power(
-        avg_w=window.avg_w, peak_w=window.peak_w, joules=window.joules, complete=window.complete
-    )
-
-
 def bench(
     bundle: str | Path,
     *,
