@@ -93,6 +93,10 @@ class BenchRun:
     prefill: tuple[PrefillFigures, ...]
     decode: DecodeFigures
     peak_rss_mb: float
+    # RSS just before the model was loaded: peak - this is what the model cost (older
+    # results lack it)
+    rss_before_load_mb: float | None = None
+    device: str = "cpu"  # the compute unit: cpu, gpu or npu
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,6 +203,9 @@ def bench(
                 settings["threads"] = n_threads
             if context:
                 settings["context"] = context
+            with sampler.lock:
+                sampler.peak_rss = 0  # per run: peak above this run's own baseline
+            rss_before = psutil.Process().memory_info().rss
             t0 = time.perf_counter()
             session = edgekit.load(bundle, variant=variant, **settings)
             load_s = time.perf_counter() - t0
@@ -281,6 +288,10 @@ def bench(
                         prefill=tuple(prefill),
                         decode=decode,
                         peak_rss_mb=sampler.peak_rss / 1e6,
+                        rss_before_load_mb=rss_before / 1e6,
+                        device=str(session.info.settings.get("device", "cpu"))
+                        .lower()
+                        .split(".")[0],
                     )
                 )
             finally:
@@ -297,7 +308,7 @@ def bench(
         edgekit_version=__version__,
         host=f"{host.profile.cpu.model}, {host.profile.cpu.physical_cores} cores, "
         f"{platform.system()}",
-        bundle=str(bundle),
+        bundle=str(Path(bundle).resolve()),
         variant=used.name if used else "",
         target=used.target if used else "",
         quant=used.quant if used else "",
@@ -365,6 +376,27 @@ def load_result(path: str | Path) -> BenchResult:
     if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
         raise SchemaError(f"{p}: not a bench result of schema version {SCHEMA_VERSION}")
     return build(BenchResult, data, str(p), SchemaError)
+
+
+def measured_figures(result: BenchResult) -> Any:
+    """The result's first run as a manifest ``Figures`` (stored next to the prediction):
+    memory is the peak RSS above the pre-load baseline, prefill the longest prompt's."""
+    from edgekit.manifest import Figures
+
+    run = result.runs[0]
+    longest = max(run.prefill, key=lambda p: p.prompt_tokens, default=None)
+    memory = None
+    if run.rss_before_load_mb is not None:
+        memory = int((run.peak_rss_mb - run.rss_before_load_mb) * 1e6)
+    return Figures(
+        memory_bytes=memory,
+        prefill_tok_s=longest.tok_s.median if longest else None,
+        decode_tok_s=run.decode.tok_s.median,
+        watts=run.decode.power.avg_w,
+        joules_per_token=run.decode.joules_per_token,
+        source=f"edgekit bench, {result.created}, power: {result.meter.name}"
+        + ("" if result.meter.measured else " (estimated)"),
+    )
 
 
 def headline(result: BenchResult) -> dict[str, float | None]:

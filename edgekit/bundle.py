@@ -28,6 +28,7 @@ from edgekit import __version__
 from edgekit.archive import extract_archive, write_archive
 from edgekit.atomic import atomic_path, check_destination
 from edgekit.errors import (
+    BundleError,
     BundleIntegrityError,
     BundleNotFoundError,
     InsufficientMemoryError,
@@ -66,6 +67,7 @@ class VariantRequest:
     quant: str = "Q4_K_M"
     recipe: str | None = None  # key=value options, as on the CLI
     context: int | None = None
+    predicted: Figures | None = None  # the planner's figures (default: the memory estimate)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,7 +222,8 @@ def pack(
                     entry=target_path.relative_to(folder).as_posix(),
                     files=files,
                     runtime=RuntimeSettings(context=context, kv_cache=recipe.kv_cache),
-                    predicted=Figures(memory_bytes=estimate.total, source="estimate"),
+                    predicted=request.predicted
+                    or Figures(memory_bytes=estimate.total, source="estimate"),
                     quality=measured,
                 )
             )
@@ -259,6 +262,35 @@ def pack(
         if archive:
             write_archive(folder, tmp_out)
     return PackResult(path=out, manifest=manifest, warnings=tuple(warnings))
+
+
+def update_variant(bundle: str | Path, variant: str, **changes: Any) -> Manifest:
+    """Rewrite one variant's fields (``quality``, ``measured``, ...) in a bundle folder's
+    manifest, atomically. Returns the new manifest.
+
+    Raises:
+        BundleError: the bundle cannot be opened, is an archive, or lacks the variant.
+    """
+    from dataclasses import replace
+
+    opened = open_bundle(bundle)
+    if Path(bundle).is_file():
+        raise BundleError(
+            f"{bundle} is an archive: results are recorded in bundle folders only",
+            hint="unpack it (tar xf) and record into the folder",
+        )
+    opened.manifest.variant(variant)  # raises for an unknown variant
+    manifest = replace(
+        opened.manifest,
+        variants=tuple(
+            replace(v, **changes) if v.name == variant else v for v in opened.manifest.variants
+        ),
+    )
+    path = opened.folder / MANIFEST_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(manifest.to_json())
+    os.replace(tmp, path)
+    return manifest
 
 
 def _open_source_reference(model: Path) -> tuple[Any, Any]:

@@ -73,6 +73,9 @@ class Accelerator:
     memory_bandwidth_gbps: float | None = None  # of that dedicated memory
     runtime_device: str | None = None  # how a runtime names it: "NPU", "GPU.0", "cuda:0", "HTP"
     note: str = ""  # how a figure was derived when it is not a vendor figure
+    # Limits the planner applies to models on this unit:
+    max_model_gib: float | None = None  # address space one model may use (Hexagon: 32-bit)
+    max_prompt_tokens: int | None = None  # static prompt shape (NPUs compile fixed shapes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +83,7 @@ class PowerMode:
     name: str
     max_w: float
     compute_scale: float = 1.0  # peak compute relative to the fastest mode
+    bandwidth_gbps: float | None = None  # memory bandwidth when the mode caps the memory clock
     note: str = ""
 
 

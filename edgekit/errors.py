@@ -25,6 +25,7 @@ Hierarchy::
     │   └── NoUsableVariantError    no variant can run on this host
     ├── ProbeError                  a host probe part failed (the probe itself reports, not raises)
     ├── EvalError                   an accuracy evaluation cannot be made as asked
+    ├── PlanError                   a plan cannot be made as asked (bad budget, no target)
     ├── ConversionError             a conversion or quantization failed
     │   ├── UnsupportedConversionError  the source, format or option cannot be converted
     │   ├── QualityError            a variant measured worse than --max-quality-loss
@@ -135,6 +136,10 @@ class ProbeError(EdgekitError):
 
 class EvalError(EdgekitError):
     """An accuracy evaluation cannot be made as asked (tokenizers differ, text too short)."""
+
+
+class PlanError(EdgekitError):
+    """A plan cannot be made as asked: an impossible budget or a device with no target."""
 
 
 class ConversionError(EdgekitError):

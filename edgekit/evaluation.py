@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from edgekit.accuracy import EvalResult, LogitSource, TransformersReference, evaluate
 from edgekit.errors import EvalError
-from edgekit.manifest import MANIFEST_NAME, Quality
+from edgekit.manifest import Quality
 from edgekit.progress import ProgressCallback, no_progress
 
 
@@ -73,28 +71,13 @@ def eval_bundle(
     chosen = session.variant
     if record:
         quality.record(chosen.target, chosen.quant, result.kl_mean)
-        _record_in_manifest(
-            Path(bundle),
+        from edgekit.bundle import update_variant
+
+        update_variant(
+            bundle,
             chosen.name,
-            Quality.of(
+            quality=Quality.of(
                 result, reference=str(reference), text=str(text_file or "edgekit default text")
             ),
         )
     return chosen.name, result
-
-
-def _record_in_manifest(bundle: Path, variant: str, figures: Quality) -> None:
-    from edgekit.bundle import open_bundle
-
-    opened = open_bundle(bundle)
-    manifest = replace(
-        opened.manifest,
-        variants=tuple(
-            replace(v, quality=figures) if v.name == variant else v
-            for v in opened.manifest.variants
-        ),
-    )
-    path = opened.folder / MANIFEST_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(manifest.to_json())
-    os.replace(tmp, path)

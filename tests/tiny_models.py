@@ -162,7 +162,7 @@ def build_tokenizer(style: str, add_bos: bool, vocab_size: int, *, family: str =
     return fast
 
 
-def _config(family: str, vocab_size: int, hidden: int, tokenizer: Any) -> Any:
+def _config(family: str, vocab_size: int, hidden: int, tokenizer: Any, layers: int = 2) -> Any:
     from transformers import (
         Gemma3TextConfig,
         LlamaConfig,
@@ -185,7 +185,7 @@ def _config(family: str, vocab_size: int, hidden: int, tokenizer: Any) -> Any:
         "vocab_size": vocab_size,
         "hidden_size": hidden,
         "intermediate_size": 2 * hidden,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": layers,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "max_position_embeddings": 1024,
@@ -199,7 +199,13 @@ def _config(family: str, vocab_size: int, hidden: int, tokenizer: Any) -> Any:
 
 
 def build_tiny_model(
-    family: str, out: Path, *, hidden: int = 64, vocab_size: int = 512, seed: int = 0
+    family: str,
+    out: Path,
+    *,
+    hidden: int = 64,
+    vocab_size: int = 512,
+    seed: int = 0,
+    layers: int = 2,
 ) -> Path:
     """Write a tiny random model of ``family`` (safetensors, fp32) with its tokenizer."""
     import torch
@@ -207,7 +213,7 @@ def build_tiny_model(
 
     style, add_bos, _ = FAMILIES[family]
     tokenizer = build_tokenizer(style, add_bos, vocab_size, family=family)
-    config = _config(family, vocab_size, hidden, tokenizer)
+    config = _config(family, vocab_size, hidden, tokenizer, layers)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():

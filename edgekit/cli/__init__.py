@@ -83,6 +83,7 @@ from edgekit.cli import (  # noqa: E402,F401
     convert_cmd,
     eval_cmd,
     inspect_cmd,
+    plan_cmd,
     probe_cmd,
     profiles_cmd,
     run_cmd,

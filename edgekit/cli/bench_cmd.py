@@ -31,6 +31,13 @@ def _ints(text: str | None) -> tuple[int, ...]:
 )
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Save the result JSON here.")
 @click.option(
+    "--calibrate/--no-calibrate",
+    default=True,
+    show_default=True,
+    help="Feed the result to the planner's calibration for this host.",
+)
+@click.option("--record", is_flag=True, help="Store the measured figures in the bundle's manifest.")
+@click.option(
     "--compare", nargs=2, type=click.Path(path_type=Path), help="Compare two saved results."
 )
 @json_option
@@ -45,6 +52,8 @@ def bench_command(
     warmup: int,
     meter: str | None,
     output: Path | None,
+    calibrate: bool,
+    record: bool,
     compare: tuple[Path, Path] | None,
     as_json: bool,
 ) -> None:
@@ -89,6 +98,7 @@ def bench_command(
     data = result.to_dict()
     if output:
         output.write_text(json.dumps(data, indent=2))
+    notes = _feed_back(result, calibrate=calibrate, record=record)
     if as_json:
         emit_json(data)
         return
@@ -101,6 +111,27 @@ def bench_command(
         )
     if output:
         err_console.print(f"saved {output}", highlight=False)
+    for note in notes:
+        err_console.print(note, highlight=False)
+
+
+def _feed_back(result: object, *, calibrate: bool, record: bool) -> list[str]:
+    """Calibration sample and manifest figures from a result; what was written, in words."""
+    from edgekit.bench import BenchResult, measured_figures
+    from edgekit.bundle import update_variant
+    from edgekit.converters.calibration import record_bench
+    from edgekit.probe import probe_host
+
+    if not isinstance(result, BenchResult) or not result.runs:
+        return []
+    notes = []
+    if calibrate:
+        path = record_bench(result, probe_host().profile)
+        notes.append(f"calibration: this run now refines `edgekit plan --device host` ({path})")
+    if record:
+        update_variant(result.bundle, result.variant, measured=measured_figures(result))
+        notes.append(f"recorded the measured figures of {result.variant} in {result.bundle}")
+    return notes
 
 
 def _pct(a: float | None, b: float | None) -> float | None:

@@ -20,11 +20,18 @@ from edgekit.manifest import Manifest
 )
 @click.option(
     "--quant",
-    default="Q4_K_M",
-    show_default=True,
-    help="Quantization; several, comma-separated, make several variants, each optionally "
-    "TARGET:QUANT (Q4_K_M,Q8_0,openvino:INT4).",
+    help="Quantization [default: Q4_K_M]; several, comma-separated, make several variants, "
+    "each optionally TARGET:QUANT (Q4_K_M,Q8_0,openvino:INT4).",
 )
+@click.option(
+    "--device",
+    "-d",
+    help="Let the planner pick target and format for this device profile (or host); see "
+    "edgekit plan. The budgets below apply.",
+)
+@click.option("--memory", help="With --device: memory budget, e.g. 6GB.")
+@click.option("--power", help="With --device: power budget, e.g. 10W.")
+@click.option("--min-tps", type=float, help="With --device: slowest acceptable decode, tok/s.")
 @click.option("--recipe", help="Recipe options for every variant: embeddings=Q8_0,kv_cache=q8_0.")
 @click.option(
     "--context", type=int, help="Context length the runtime uses (default: min(model, 4096))."
@@ -42,7 +49,11 @@ from edgekit.manifest import Manifest
 def pack_command(
     model: Path | None,
     target: str,
-    quant: str,
+    quant: str | None,
+    device: str | None,
+    memory: str | None,
+    power: str | None,
+    min_tps: float | None,
     recipe: str | None,
     context: int | None,
     out: Path,
@@ -57,7 +68,20 @@ def pack_command(
     from edgekit.default_model import default_model_path
 
     requests = []
-    for item in (q.strip() for q in quant.split(",")):
+    source = model or default_model_path()
+    if device is not None:
+        if quant is not None:
+            raise click.UsageError("pass --quant or --device, not both")
+        from edgekit.cli.plan_cmd import budgets_from, render_plan
+        from edgekit.converters.planner import plan_for, variant_request
+
+        budgets = budgets_from(memory, power, context, min_tps, max_quality_loss, "f16")
+        planned = plan_for(source, device, budgets)
+        if not as_json:
+            render_plan(planned, Console(stderr=True))
+        requests.append(variant_request(planned, recipe=recipe))
+        max_quality_loss = None  # the plan held the formats to it; no second evaluation
+    for item in (q.strip() for q in (quant or ("Q4_K_M" if device is None else "")).split(",")):
         if item:
             variant_target, _, variant_quant = item.rpartition(":")
             requests.append(
@@ -70,7 +94,7 @@ def pack_command(
             )
     with progress_bars(disable=as_json) as on_progress:
         result = pack(
-            model or default_model_path(),
+            source,
             out,
             requests,
             name=name,

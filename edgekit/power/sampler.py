@@ -36,7 +36,7 @@ class PowerSampler:
         self._process = psutil.Process()
         self._last_energy: tuple[float, float] | None = None
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="edgekit-power", daemon=True)
 
     def __enter__(self) -> PowerSampler:
@@ -55,7 +55,7 @@ class PowerSampler:
 
     def sample_now(self) -> None:
         """Take one sample now (the bench calls it at phase boundaries for sharp edges)."""
-        with self._lock:
+        with self.lock:
             self.peak_rss = max(self.peak_rss, self._process.memory_info().rss)
             if self.lost is not None:
                 return
@@ -76,7 +76,7 @@ class PowerSampler:
     def window(self, t0: float, t1: float) -> PowerWindow:
         """Power over [t0, t1]: average and peak of the samples in it, energy integrated
         (trapezoids; the samples just outside bound the edges)."""
-        with self._lock:
+        with self.lock:
             inside = [(t, w) for t, w in self.samples if t0 <= t <= t1]
             before = [(t, w) for t, w in self.samples if t < t0][-1:]
             after = [(t, w) for t, w in self.samples if t > t1][:1]

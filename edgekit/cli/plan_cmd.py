@@ -1,0 +1,167 @@
+"""``edgekit plan``: which target and format fit a device, predicted and explained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from edgekit.cli import emit_json, json_option, main
+from edgekit.devices import GIB
+
+if TYPE_CHECKING:
+    from edgekit.converters.planner import Budgets, Plan
+
+
+def budget_options(f: click.decorators.FC) -> click.decorators.FC:
+    """The budget flags ``plan`` and ``pack --device`` share."""
+    for option in reversed(
+        (
+            click.option(
+                "--memory", help="Memory budget, e.g. 6GB or 4GiB (default: the device's)."
+            ),
+            click.option(
+                "--power", help="Power budget, e.g. 10W (picks a power mode where there are modes)."
+            ),
+            click.option(
+                "--ctx", type=int, help="Context length to plan for [default: 4096 or the model's]."
+            ),
+            click.option("--min-tps", type=float, help="Slowest acceptable decode, tokens/s."),
+            click.option(
+                "--max-quality-loss",
+                type=float,
+                help="Largest acceptable mean KL vs the source (nats/token), e.g. 0.05.",
+            ),
+            click.option("--kv-cache", default="f16", show_default=True, help="KV-cache type."),
+        )
+    ):
+        f = option(f)
+    return f
+
+
+def budgets_from(
+    memory: str | None,
+    power: str | None,
+    ctx: int | None,
+    min_tps: float | None,
+    max_quality_loss: float | None,
+    kv_cache: str,
+) -> Budgets:
+    from edgekit.converters.planner import DEFAULT_CONTEXT, Budgets, parse_size, parse_watts
+
+    return Budgets(
+        memory_bytes=parse_size(memory) if memory else None,
+        watts=parse_watts(power) if power else None,
+        context=ctx if ctx is not None else DEFAULT_CONTEXT,
+        min_decode_tok_s=min_tps,
+        max_quality_loss=max_quality_loss,
+        kv_cache=kv_cache.lower(),
+    )
+
+
+@main.command("plan")
+@click.argument("model", required=False, type=click.Path(path_type=Path))
+@click.option(
+    "--device",
+    "-d",
+    default="host",
+    show_default=True,
+    help="A device profile name (edgekit profiles), a profile .toml, or host.",
+)
+@budget_options
+@click.option("--all", "show_all", is_flag=True, help="List every candidate, not only the best.")
+@json_option
+def plan_command(
+    model: Path | None,
+    device: str,
+    memory: str | None,
+    power: str | None,
+    ctx: int | None,
+    min_tps: float | None,
+    max_quality_loss: float | None,
+    kv_cache: str,
+    show_all: bool,
+    as_json: bool,
+) -> None:
+    """Pick target, format and recipe for MODEL on a device, with predicted memory,
+    tokens/s, watts and quality loss, and a reason for every rejection.
+
+    MODEL is a .gguf file, a Hugging Face folder, or a folder (or config.json) with only a
+    config: no weights are needed. Without MODEL, plans the embedded default model.
+    """
+    from edgekit.converters.planner import plan_for
+    from edgekit.default_model import default_model_path
+
+    budgets = budgets_from(memory, power, ctx, min_tps, max_quality_loss, kv_cache)
+    result = plan_for(model if model is not None else default_model_path(), device, budgets)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    render_plan(result, Console(), show_all=show_all)
+
+
+def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> None:
+    b = result.budgets
+    console.print(
+        f"[bold]{result.model}[/] ({result.family}, {result.parameters / 1e9:.2f}B parameters"
+        f"{', from config' if result.parameters_source == 'config' else ''}) on "
+        f"[bold]{result.device_display}[/], ctx {b.context}, KV {b.kv_cache}"
+        + (f", power mode {result.power_mode}" if result.power_mode else ""),
+        highlight=False,
+    )
+    table = Table(title_justify="left")
+    for column in (
+        "",
+        "target",
+        "unit",
+        "format",
+        "memory GiB",
+        "decode tok/s",
+        "prefill tok/s",
+        "W",
+        "J/tok",
+        "KL",
+        "basis",
+    ):
+        table.add_column(
+            column,
+            justify="right" if column not in ("", "target", "unit", "format", "basis") else "left",
+        )
+    fitting = [c for c in result.candidates if c.fits]
+    rejected = [c for c in result.candidates if not c.fits]
+    shown = fitting if show_all else fitting[:6]
+    for c in shown:
+        p = c.prediction
+        mark = "*" if c is result.choice else ("~" if not c.buildable else "")
+        table.add_row(
+            mark,
+            c.target,
+            c.unit,
+            c.format,
+            f"{p.memory_bytes / GIB:.2f}",
+            f"{p.decode_tok_s:.1f}" if p.decode_tok_s else "-",
+            f"{p.prefill_tok_s:.0f}" if p.prefill_tok_s else "-",
+            f"{p.watts:g}" if p.watts else "-",
+            f"{p.joules_per_token:.2f}" if p.joules_per_token else "-",
+            f"{c.quality_loss:.3f}" if c.quality_loss is not None else "?",
+            "cal." if p.basis == "calibrated" else "est.",
+        )
+    if shown:
+        console.print(table)
+        console.print(
+            "* the pick  ~ predicted only (edgekit cannot build it yet)  decode/prefill in tok/s"
+            "  est. first estimate  cal. calibrated on this host",
+            style="dim",
+        )
+    console.print(f"\n[bold]{result.summary}[/]", highlight=False)
+    for note in result.notes:
+        console.print(f"note: {note}", style="dim", highlight=False)
+    if rejected:
+        console.print("\n[bold]rejected[/]")
+        for c in rejected if show_all else rejected[:12]:
+            console.print(f"  {c.label}: {c.rejections[0]}", highlight=False)
+        if not show_all and len(rejected) > 12:
+            console.print(f"  ... {len(rejected) - 12} more (--all)", style="dim")
