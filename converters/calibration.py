@@ -215,11 +215,22 @@ def fit(
             a, b = _line(
                 [(s.bytes_per_token, s.decode_s_per_token) for s in found], prior.token_overhead_s
             )
+        by_size: dict[float, list[float]] = {}
+        for s in found:
+            by_size.setdefault(round(s.bytes_per_token, -3), []).append(s.decode_s_per_token)
+        curve = tuple(sorted((x, statistics.median(ys)) for x, ys in by_size.items()))
+        if len(curve) >= 2:
+            # the slope between the two largest models sets the bandwidth term used
+            # beyond them (they are the most bandwidth-bound)
+            (x0, y0), (x1, y1) = curve[-2], curve[-1]
+            if x1 > MIN_SPREAD * x0 and y1 > y0:
+                b = (y1 - y0) / (x1 - x0)
         c = replace(
             c,
             token_overhead_s=a,
             layer_overhead_s=per_layer,
             bandwidth_efficiency=1.0 / (b * bandwidth_gbps * 1e9),
+            decode_curve=curve,
         )
     prefill = [
         (s.flops_per_token, s.prefill_s_per_token)

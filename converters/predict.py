@@ -45,6 +45,10 @@ class Coefficients:
     kv_scale: float = 1.0  # resident bytes per nominal KV-cache byte (copies, padding)
     prefill_token_overhead_s: float = 0.0  # fixed cost per prompt token
     layer_overhead_s: float = 0.0  # per layer per generated token (kernel launches)
+    # Measured (bytes read per token, seconds per token) on this host, by size: between
+    # two measured sizes the time is interpolated, which captures what one line cannot,
+    # e.g. small models that fit in the CPU's last-level cache.
+    decode_curve: tuple[tuple[float, float], ...] = ()
     basis: Basis = "first estimate"
     note: str = ""
 
@@ -273,6 +277,18 @@ def prefill_seconds(c: Coefficients, flops_per_token: float, peak_tflops: float)
 def decode_seconds(
     c: Coefficients, bytes_per_token: float, bandwidth_gbps: float, layers: int = 0
 ) -> float:
+    curve = c.decode_curve
+    if len(curve) >= 2 and curve[0][0] <= bytes_per_token <= curve[-1][0]:
+        for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+            if x0 <= bytes_per_token <= x1:
+                if x1 == x0:
+                    return y0
+                return y0 + (y1 - y0) * (bytes_per_token - x0) / (x1 - x0)
+    if curve and bytes_per_token > curve[-1][0]:
+        # beyond the largest measured model: its time plus the extra bytes at the fitted
+        # bandwidth efficiency (large models are bandwidth-bound)
+        x1, y1 = curve[-1]
+        return y1 + (bytes_per_token - x1) / (c.bandwidth_efficiency * bandwidth_gbps * 1e9)
     return (
         c.token_overhead_s
         + layers * c.layer_overhead_s

@@ -36,7 +36,7 @@ INCLUDES = {
     "ttft_s": "prefill of the prompt and sampling of the first token; tokenization excluded",
     "prefill_tok_s": "prompt tokens / ttft_s, from an empty cache",
     "decode_tok_s": "tokens after the first / time after the first: forward pass, greedy sampling, "
-    "detokenization per token",
+    "detokenization per token; end-of-sequence is ignored, so every run generates gen_tokens",
     "power": "the meter's average and peak watts and joules over the same windows",
 }
 
@@ -257,7 +257,7 @@ def bench(
                     stamps: list[float] = []
                     tokens = 0
                     for chunk in session.stream_tokens(
-                        prompt_ids, Sampling(max_tokens=gen_tokens, temperature=0)
+                        prompt_ids, Sampling(max_tokens=gen_tokens, temperature=0, ignore_eos=True)
                     ):
                         if chunk.tokens:
                             stamps.append(time.monotonic())

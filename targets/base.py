@@ -41,6 +41,7 @@ class Sampling:
     repeat_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # generate max_tokens even past end-of-sequence (benchmarks)
 
 
 @dataclass(frozen=True, kw_only=True)

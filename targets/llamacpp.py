@@ -197,7 +197,7 @@ class LlamaCppSession(Session):
                         text=stops.flush() + utf8.flush(), tokens=0, finish_reason="cancelled"
                     )
                     return
-                if self._llama_cpp.llama_vocab_is_eog(vocab, token):
+                if not sampling.ignore_eos and self._llama_cpp.llama_vocab_is_eog(vocab, token):
                     yield StreamChunk(
                         text=stops.flush() + utf8.flush(), tokens=0, finish_reason="stop"
                     )

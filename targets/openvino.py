@@ -210,6 +210,7 @@ class OpenVinoSession(Session):
             config.top_k = sampling.top_k
             config.min_p = sampling.min_p
         config.repetition_penalty = sampling.repeat_penalty
+        config.ignore_eos = sampling.ignore_eos
         if sampling.seed is not None:
             config.rng_seed = sampling.seed
         ids = np.asarray([list(prompt_tokens)], dtype=np.int64)

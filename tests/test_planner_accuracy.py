@@ -6,10 +6,13 @@ round 2 measures again and is compared with the calibrated prediction: peak memo
 10%. Benchmarks run as `edgekit bench` subprocesses so each has a clean process (memory is
 measured above the pre-load baseline).
 
-Decode tokens/s is not asserted here: on this 2-core VM two fresh runs of the same short
-benchmark differ by up to ~22% (measured: round-2 vs round-1 decode of the same variant
--22%..+15%), so a 20% bound would test the machine's noise, not the model. The decode
-errors are reported by benchmarks/planner_accuracy.py (docs/planner.md) instead.
+Decode is not compared with a fresh measurement: on this 2-core VM the same benchmark
+varies between loads by far more than 20%, while each run's own repeats agree within a
+few percent. Measured here: the tiny model, llama.cpp Q8_0, 512 tokens, EOS ignored, one
+thread, four loads in one process: 10771, 5567, 9305, 10363 tok/s; SmolLM2 Q4_K_M, five
+loads: 94, 110, 109, 107, 105; mid model in fresh processes: 2004, 2048, 1495. The second
+test therefore checks what calibration can promise: one fitted model per target that
+reproduces every size it was given.
 """
 
 from __future__ import annotations
@@ -105,3 +108,31 @@ def test_calibrated_memory_predictions_hold_up(
     for _name, memory_error, decode_error in rows:
         assert memory_error is not None and abs(memory_error) <= 0.10, report
         assert decode_error is not None  # predicted: reported, not bounded (see above)
+
+
+def test_calibration_reproduces_decode_across_model_sizes(
+    bundles: list[tuple[Path, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One decode model per (target, unit) must account for tiny, mid and the default
+    model at once, within 20% of what was measured (the measurement is not repeated: see
+    the module docstring for why a fresh run is not a fair reference on this VM)."""
+    from edgekit.converters.calibration import check_against_bench, record_bench
+
+    from edgekit.bench import bench
+    from edgekit.probe import probe_host
+
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
+    profile = probe_host(measure=True).profile
+    results = []
+    for bundle, variant in bundles:
+        result = bench(bundle, variant=variant, prompt_lengths=(128, 512), gen_tokens=256)
+        record_bench(result, profile)
+        results.append((f"{bundle.name}/{variant}", result))
+    rows = []
+    for name, result in results:
+        check = check_against_bench(result, profile, leave_out=False)
+        assert check.basis == "calibrated" and check.samples_used == 3
+        rows.append((name, check.decode_error))
+    report = "\n".join(f"{n}: decode {d:+.1%}" for n, d in rows)  # type: ignore[str-format]
+    for _name, decode_error in rows:
+        assert decode_error is not None and abs(decode_error) <= 0.20, report
