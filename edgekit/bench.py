@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import platform
 import statistics
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
@@ -26,6 +28,7 @@ from typing import Any
 import psutil
 
 from edgekit import __version__
+from edgekit.errors import BenchStoppedError
 from edgekit.power.sampler import PowerSampler, PowerWindow
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
 
@@ -141,6 +144,25 @@ class BenchResult:
         return data
 
 
+@dataclass(frozen=True, kw_only=True)
+class LiveSample:
+    """What a benchmark shows while it runs (``bench(live=...)``): one point of the live
+    charts. ``tok_s`` is the rate over the last ~0.25 s of decoding, or a prompt's
+    prefill rate; ``watts`` the meter's latest reading."""
+
+    t: float  # seconds since the benchmark started
+    phase: str  # "load", "prefill" or "decode"
+    tok_s: float | None
+    watts: float | None
+    watts_measured: bool
+    rss_mb: float
+    ttft_s: float | None = None
+
+
+LiveCallback = Callable[[LiveSample], None]
+LIVE_WINDOW_S = 0.25
+
+
 def bench_text() -> str:
     return resources.files("edgekit.data").joinpath("pride-and-prejudice-opening.txt").read_text()
 
@@ -173,11 +195,17 @@ def bench(
     meter: str | None = None,
     interval_s: float = 0.1,
     progress: ProgressCallback = no_progress,
+    live: LiveCallback | None = None,
+    stop: threading.Event | None = None,
 ) -> BenchResult:
     """Benchmark one variant of ``bundle`` (one run per ``threads`` value).
 
+    ``live`` receives ``LiveSample``s while it runs (for live charts); setting ``stop``
+    ends the benchmark at the next token or step.
+
     Raises:
         BundleError, TargetError: from loading; GenerationError from the runtime.
+        BenchStoppedError: ``stop`` was set.
     """
     import edgekit
     from edgekit.host.jetson import read_jetson
@@ -186,6 +214,29 @@ def bench(
     from edgekit.targets.base import Sampling
 
     host = probe_host()
+    started = time.monotonic()
+    process = psutil.Process()
+
+    def emit(phase: str, tok_s: float | None, ttft: float | None = None) -> None:
+        if live is None:
+            return
+        reading = sampler.samples[-1][1] if sampler.samples else None
+        live(
+            LiveSample(
+                t=time.monotonic() - started,
+                phase=phase,
+                tok_s=tok_s,
+                watts=reading,
+                watts_measured=power_meter.measured,
+                rss_mb=process.memory_info().rss / 1e6,
+                ttft_s=ttft,
+            )
+        )
+
+    def check_stop() -> None:
+        if stop is not None and stop.is_set():
+            raise BenchStoppedError("the benchmark was stopped before it finished")
+
     power_meter, skipped = select_meter(
         idle_w=host.profile.power.idle_w, max_w=host.profile.power.max_w, prefer=meter
     )
@@ -210,6 +261,7 @@ def bench(
             session = edgekit.load(bundle, variant=variant, **settings)
             load_s = time.perf_counter() - t0
             chosen_variant = session.variant
+            emit("load", None)
             try:
                 all_ids = session.tokenize(text)
                 prefill: list[PrefillFigures] = []
@@ -220,6 +272,7 @@ def bench(
                     ttfts: list[float] = []
                     windows: list[PowerWindow] = []
                     for i in range(warmup + repeats):
+                        check_stop()
                         session.clear_cache()
                         sampler.sample_now()
                         start_m, start = time.monotonic(), time.perf_counter()
@@ -227,6 +280,7 @@ def bench(
                             pass
                         ttft = time.perf_counter() - start
                         sampler.sample_now()
+                        emit("prefill", len(ids) / ttft, ttft)
                         if i >= warmup:
                             ttfts.append(ttft)
                             windows.append(sampler.window(start_m, time.monotonic()))
@@ -253,16 +307,27 @@ def bench(
                 counts: list[int] = []
                 prompt_ids = session.tokenize(DECODE_PROMPT)
                 for i in range(warmup + repeats):
+                    check_stop()
                     session.clear_cache()
                     stamps: list[float] = []
                     tokens = 0
+                    last_emit = time.monotonic()
                     for chunk in session.stream_tokens(
                         prompt_ids, Sampling(max_tokens=gen_tokens, temperature=0, ignore_eos=True)
                     ):
+                        check_stop()
                         if chunk.tokens:
-                            stamps.append(time.monotonic())
+                            now = time.monotonic()
+                            stamps.append(now)
                             tokens += chunk.tokens
+                            if live is not None and now - last_emit >= LIVE_WINDOW_S:
+                                recent = [s for s in stamps if s >= now - LIVE_WINDOW_S]
+                                if len(recent) > 1:
+                                    emit("decode", (len(recent) - 1) / (recent[-1] - recent[0]))
+                                last_emit = now
                     sampler.sample_now()
+                    if len(stamps) > 1:  # the whole run's rate, for live charts of fast models
+                        emit("decode", (len(stamps) - 1) / (stamps[-1] - stamps[0]))
                     if i >= warmup and len(stamps) > 1:
                         rates.append((tokens - 1) / (stamps[-1] - stamps[0]))
                         counts.append(tokens - 1)

@@ -26,6 +26,7 @@ Hierarchy::
     ├── ProbeError                  a host probe part failed (the probe itself reports, not raises)
     ├── EvalError                   an accuracy evaluation cannot be made as asked
     ├── PlanError                   a plan cannot be made as asked (bad budget, no target)
+    ├── BenchStoppedError           a benchmark was stopped before it finished
     ├── ConversionError             a conversion or quantization failed
     │   ├── UnsupportedConversionError  the source, format or option cannot be converted
     │   ├── QualityError            a variant measured worse than --max-quality-loss
@@ -140,6 +141,10 @@ class EvalError(EdgekitError):
 
 class PlanError(EdgekitError):
     """A plan cannot be made as asked: an impossible budget or a device with no target."""
+
+
+class BenchStoppedError(EdgekitError):
+    """A benchmark was stopped (its ``stop`` event was set) before it finished."""
 
 
 class ConversionError(EdgekitError):

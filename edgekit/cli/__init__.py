@@ -87,4 +87,5 @@ from edgekit.cli import (  # noqa: E402,F401
     probe_cmd,
     profiles_cmd,
     run_cmd,
+    tui_cmd,
 )

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from edgekit.cli import emit_json, json_option, main
@@ -156,12 +157,12 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
             "  est. first estimate  cal. calibrated on this host",
             style="dim",
         )
-    console.print(f"\n[bold]{result.summary}[/]", highlight=False)
+    console.print(f"\n[bold]{escape(result.summary)}[/]", highlight=False)
     for note in result.notes:
-        console.print(f"note: {note}", style="dim", highlight=False)
+        console.print(f"note: {escape(note)}", style="dim", highlight=False)
     if rejected:
         console.print("\n[bold]rejected[/]")
         for c in rejected if show_all else rejected[:12]:
-            console.print(f"  {c.label}: {c.rejections[0]}", highlight=False)
+            console.print(f"  {c.label}: {escape(c.rejections[0])}", highlight=False)
         if not show_all and len(rejected) > 12:
             console.print(f"  ... {len(rejected) - 12} more (--all)", style="dim")

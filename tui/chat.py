@@ -1,0 +1,131 @@
+"""Chat tab: stream from the loaded bundle, with tokens/s as it streams; Escape stops."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+from rich.markup import escape
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Input, RichLog, Static
+
+from edgekit.errors import EdgekitError
+
+if TYPE_CHECKING:
+    from edgekit.tui.app import EdgekitApp
+
+MAX_TOKENS = 256
+
+
+class ChatPane(Vertical):
+    BINDINGS = [Binding("escape", "cancel", "Stop generating")]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session: Any = None
+        self.messages: list[dict[str, str]] = []
+        self.reply = ""
+        self.speed = ""
+        self._generating = False
+
+    @property
+    def edgekit(self) -> EdgekitApp:
+        return cast("EdgekitApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="chat-status")
+        yield RichLog(id="chat-log", wrap=True, markup=True)
+        yield Static("", id="chat-reply")
+        yield Input(placeholder="Type a message and press enter", id="chat-input")
+
+    def on_mount(self) -> None:
+        self.show_bundle()
+
+    def show_bundle(self) -> None:
+        bundle = self.edgekit.sources.bundle
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+        self.query_one("#chat-status", Static).update(
+            f"bundle: {bundle} (loaded on the first message)"
+            if bundle
+            else "No bundle: start `edgekit tui BUNDLE`, or pack one on the Bench tab."
+        )
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text or self._generating:
+            return
+        if self.edgekit.sources.bundle is None:
+            self.app.notify("no bundle to chat with: pack one on the Bench tab", severity="warning")
+            return
+        event.input.value = ""
+        self.messages.append({"role": "user", "content": text})
+        self.query_one("#chat-log", RichLog).write(f"[b]you[/b] {escape(text)}")
+        self._generating = True
+        self.reply = ""
+        self.generate(list(self.messages))
+
+    def action_cancel(self) -> None:
+        if self._generating and self.session is not None:
+            self.session.cancel()
+
+    @work(thread=True, exclusive=True, group="chat")
+    def generate(self, messages: list[dict[str, str]]) -> None:
+        import edgekit
+
+        clock = self.edgekit.sources.clock
+        try:
+            if self.session is None:
+                self.app.call_from_thread(self.status, "loading the model...")
+                self.session = edgekit.load(self.edgekit.sources.bundle)  # type: ignore[arg-type]
+                self.app.call_from_thread(
+                    self.status,
+                    f"{self.session.variant.name if self.session.variant else ''} "
+                    f"({self.session.info.target})",
+                )
+            start: float | None = None
+            tokens = 0
+            for chunk in self.session.chat_stream(messages, max_tokens=MAX_TOKENS, temperature=0):
+                now = clock()
+                if chunk.tokens:
+                    if start is None:
+                        start = now
+                    tokens += chunk.tokens
+                rate = (tokens - 1) / (now - start) if start is not None and now > start else None
+                self.app.call_from_thread(
+                    self.stream, chunk.text, tokens, rate, chunk.finish_reason
+                )
+        except EdgekitError as exc:
+            self.app.call_from_thread(self.edgekit.report, exc, title="chat")
+            self.app.call_from_thread(self.done)
+            return
+        self.app.call_from_thread(self.done)
+
+    def status(self, text: str) -> None:
+        self.query_one("#chat-status", Static).update(text)
+
+    def stream(self, text: str, tokens: int, rate: float | None, finish: str | None) -> None:
+        self.reply += text
+        speed = f"{rate:.1f} tok/s" if rate else "..."
+        end = f" ({finish})" if finish else ""
+        self.speed = f"{tokens} tokens, {speed}{end}"
+        self.query_one("#chat-reply", Static).update(
+            f"[b]model[/b] {escape(self.reply)}\n[dim]{self.speed}[/dim]"
+        )
+
+    def done(self) -> None:
+        """The reply moves into the transcript; its speed stays below it."""
+        if self.reply:
+            self.messages.append({"role": "assistant", "content": self.reply})
+            self.query_one("#chat-log", RichLog).write(f"[b]model[/b] {escape(self.reply)}")
+        self.query_one("#chat-reply", Static).update(
+            f"[dim]last reply: {self.speed}[/dim]" if self.reply else ""
+        )
+        self._generating = False
+
+    def on_unmount(self) -> None:
+        if self.session is not None:
+            self.session.close()

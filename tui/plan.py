@@ -1,0 +1,174 @@
+"""Plan tab: budgets as inputs; the candidate table and the reasons follow as they change."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from rich.markup import escape
+from textual import work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.timer import Timer
+from textual.widgets import DataTable, Input, Label, Static
+
+from edgekit.devices import GIB, DeviceProfile
+from edgekit.errors import EdgekitError
+from edgekit.modelspec import ModelSpec
+
+if TYPE_CHECKING:
+    from edgekit.converters.planner import Budgets, Plan
+    from edgekit.tui.app import EdgekitApp
+
+# input id -> (label, placeholder)
+FIELDS = {
+    "memory": ("memory", "device's"),
+    "power": ("watts", "no cap"),
+    "ctx": ("context", "4096 or model's"),
+    "min-tps": ("min tok/s", "none"),
+    "max-loss": ("max KL", "none"),
+}
+DEBOUNCE_S = 0.3
+
+
+class PlanPane(Vertical):
+    def __init__(self) -> None:
+        super().__init__()
+        self._spec: ModelSpec | None = None
+        self._profiles: dict[str, tuple[DeviceProfile, str | None]] = {}
+        self._debounce: Timer | None = None
+
+    @property
+    def edgekit(self) -> EdgekitApp:
+        return cast("EdgekitApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="budgets"):
+            for key, (label, placeholder) in FIELDS.items():
+                with Vertical(classes="budget"):
+                    yield Label(label)
+                    yield Input(placeholder=placeholder, id=f"budget-{key}")
+        yield Static("planning...", id="plan-summary")
+        yield DataTable(id="candidates", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="plan-reasons")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#candidates", DataTable)
+        table.add_columns(
+            "",
+            "target",
+            "unit",
+            "format",
+            "GiB",
+            "decode",
+            "prefill",
+            "W",
+            "J/tok",
+            "KL",
+            "why not",
+        )
+        self.replan()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if self._debounce is not None:
+            self._debounce.stop()
+        self._debounce = self.set_timer(DEBOUNCE_S, self.replan)
+
+    def budgets(self) -> Budgets:
+        """The budgets typed so far.
+
+        Raises:
+            PlanError: a field that is not a size, a power or a number.
+        """
+        from edgekit.converters.planner import DEFAULT_CONTEXT, Budgets, parse_size, parse_watts
+
+        from edgekit.errors import PlanError
+
+        def text(key: str) -> str:
+            return self.query_one(f"#budget-{key}", Input).value.strip()
+
+        def number(key: str, what: str) -> float | None:
+            value = text(key)
+            if not value:
+                return None
+            try:
+                return float(value)
+            except ValueError as exc:
+                raise PlanError(f"{what} {value!r} is not a number") from exc
+
+        ctx = number("ctx", "context")
+        return Budgets(
+            memory_bytes=parse_size(text("memory")) if text("memory") else None,
+            watts=parse_watts(text("power")) if text("power") else None,
+            context=int(ctx) if ctx else DEFAULT_CONTEXT,
+            min_decode_tok_s=number("min-tps", "min tok/s"),
+            max_quality_loss=number("max-loss", "max KL"),
+        )
+
+    def replan(self) -> None:
+        try:
+            budgets = self.budgets()
+        except EdgekitError as exc:
+            self.query_one("#plan-summary", Static).update(
+                f"[red]{escape(exc.message)}[/red] ({escape(exc.hint)})"
+            )
+            return
+        self.plan_in_background(budgets)
+
+    @work(thread=True, exclusive=True, group="plan")
+    def plan_in_background(self, budgets: Budgets) -> None:
+        from edgekit.converters.planner import plan, resolve_device, with_budget_defaults
+
+        from edgekit.inspection import inspect_model
+
+        sources = self.edgekit.sources
+        try:
+            if self._spec is None:
+                self._spec = inspect_model(sources.plan_model())
+            if sources.device not in self._profiles:
+                self._profiles[sources.device] = resolve_device(sources.device)
+            profile, key = self._profiles[sources.device]
+            result = plan(
+                self._spec, profile, with_budget_defaults(self._spec, budgets), calibrate_for=key
+            )
+        except EdgekitError as exc:
+            self.app.call_from_thread(self.edgekit.report, exc, title="plan")
+            return
+        self.app.call_from_thread(self.show, result)
+
+    def show(self, result: Plan) -> None:
+        from edgekit.converters.planner import describe
+
+        b = result.budgets
+        head = f"[b]{result.model}[/b] on [b]{result.device_display}[/b], ctx {b.context}" + (
+            f", power mode {result.power_mode}" if result.power_mode else ""
+        )
+        self.query_one("#plan-summary", Static).update(f"{head}\n{escape(result.summary)}")
+        table = self.query_one("#candidates", DataTable)
+        table.clear()
+        for c in result.candidates:
+            p = c.prediction
+            mark = "*" if c is result.choice else ("~" if not c.buildable else "")
+            table.add_row(
+                mark,
+                c.target,
+                c.unit,
+                c.format,
+                f"{p.memory_bytes / GIB:.2f}",
+                f"{p.decode_tok_s:.1f}" if p.decode_tok_s else "-",
+                f"{p.prefill_tok_s:.0f}" if p.prefill_tok_s else "-",
+                f"{p.watts:g}" if p.watts else "-",
+                f"{p.joules_per_token:.2f}" if p.joules_per_token else "-",
+                f"{c.quality_loss:.3f}" if c.quality_loss is not None else "?",
+                c.rejections[0] if c.rejections else ("fits" if c.buildable else c.build_note),
+            )
+        notes = [f"note: {n}" for n in result.notes]
+        pick = [describe(result.choice)] if result.choice else []
+        self.query_one("#plan-reasons", Static).update(
+            escape("\n".join(pick + notes))
+            + "\n* the pick  ~ predicted only  est./cal.: "
+            + (
+                "calibrated on this host"
+                if any(c.prediction.basis == "calibrated" for c in result.candidates)
+                else "first estimates"
+            )
+        )
