@@ -235,7 +235,7 @@ def vocab_term(target: str, kind: str, spec: ModelSpec) -> int:
 
 
 def coefficients(target: str, unit: Unit, spec: ModelSpec) -> Coefficients:
-    kind = "gpu" if unit.accelerator.kind == "gpu" else unit.accelerator.kind
+    kind = unit.accelerator.kind
     c = PRIORS[(target, kind)]
     if target == "llamacpp" and kind == "cpu":
         c = replace(c, runtime_bytes=_llamacpp_runtime(spec))
