@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -113,15 +114,16 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
         + (f", power mode {result.power_mode}" if result.power_mode else ""),
         highlight=False,
     )
-    table = Table(title_justify="left")
+    # box.SIMPLE and short headings: the table fits an 80-column terminal
+    table = Table(box=box.SIMPLE, pad_edge=False, collapse_padding=True, title_justify="left")
     for column in (
         "",
         "target",
         "unit",
         "format",
-        "memory GiB",
-        "decode tok/s",
-        "prefill tok/s",
+        "GiB",
+        "decode",
+        "prefill",
         "W",
         "J/tok",
         "KL",
@@ -129,7 +131,7 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
     ):
         table.add_column(
             column,
-            justify="right" if column not in ("", "target", "unit", "format", "basis") else "left",
+            justify="left" if column in ("", "target", "unit", "format", "basis") else "right",
         )
     fitting = [c for c in result.candidates if c.fits]
     rejected = [c for c in result.candidates if not c.fits]
