@@ -4,12 +4,15 @@ Each benchmark of a bundle variant becomes one sample, stored per device and per
 (target, compute unit) in a small JSON file ($EDGEKIT_CACHE/calibration.json, else
 ~/.cache/edgekit/). Re-benchmarking the same variant replaces its sample. At plan time:
 
-    decode    seconds/token = overhead + bytes read/token x cost per byte   (least squares
-              over samples of different sizes; one sample keeps the prior overhead)
-    prefill   compute efficiency = mean of (flops/token / seconds/token) / peak
+    decode    the measured (bytes read/token, seconds/token) points, interpolated between
+              sizes; past the largest, its time plus the extra bytes at the slope of the
+              two largest; below the smallest, overhead (+ per layer) + cost per byte from
+              a relative least-squares fit (one sample keeps the prior overhead)
+    prefill   seconds/token = overhead + flops/token x cost per flop  (the same line fit)
     memory    peak RSS above the pre-load baseline - KV cache used
                   = runtime + residency x weight bytes                     (same fitting)
-    power     the median measured watts while decoding (estimated meters are ignored)
+    power     not refitted yet: a sample keeps the watts a sensor measured while decoding
+              (None with an estimated meter) for when the planner uses them
 
 A coefficient without samples keeps its first estimate; the plan says which is which.
 """
@@ -38,6 +41,7 @@ from edgekit.converters.predict import (
     prefill_flops_per_token,
 )
 
+from edgekit.cache import cache_root
 from edgekit.devices import DeviceProfile
 from edgekit.errors import SchemaError
 from edgekit.modelspec import ModelSpec
@@ -67,8 +71,7 @@ class Sample:
 
 
 def calibration_file() -> Path:
-    root = os.environ.get("EDGEKIT_CACHE") or Path.home() / ".cache" / "edgekit"
-    return Path(root) / "calibration.json"
+    return cache_root() / "calibration.json"
 
 
 def device_key(profile: DeviceProfile) -> str:
@@ -268,11 +271,6 @@ def fit(
     return c
 
 
-def measured_watts(found: list[Sample]) -> float | None:
-    watts = [s.watts for s in found if s.watts]
-    return statistics.median(watts) if watts else None
-
-
 # --- from a benchmark result -----------------------------------------------------------
 
 
@@ -334,6 +332,21 @@ def sample_from_bench(
     )
 
 
+def _benchmarked(result: Any) -> tuple[Any, ModelSpec, WeightLayout]:
+    """The manifest variant a bench result measured, its spec and its weight layout.
+
+    Raises:
+        BundleError: the benchmarked bundle cannot be opened any more.
+    """
+    from edgekit.bundle import open_bundle
+    from edgekit.inspection import inspect_model
+
+    opened = open_bundle(result.bundle)
+    variant = opened.manifest.variant(result.variant)
+    spec = inspect_model(opened.variant_path(variant))
+    return variant, spec, variant_layout(spec, variant.target, variant.quant)
+
+
 def record_bench(result: Any, profile: DeviceProfile) -> Path:
     """Store a bench result of a bundle variant as a calibration sample for ``profile``
     (this host). Returns the calibration file's path.
@@ -343,13 +356,7 @@ def record_bench(result: Any, profile: DeviceProfile) -> Path:
     """
     from edgekit.converters.predict import PRIORS, vocab_term
 
-    from edgekit.bundle import open_bundle
-    from edgekit.inspection import inspect_model
-
-    opened = open_bundle(result.bundle)
-    variant = opened.manifest.variant(result.variant)
-    spec = inspect_model(opened.variant_path(variant))
-    layout = variant_layout(spec, variant.target, variant.quant)
+    variant, spec, layout = _benchmarked(result)
     unit = result.runs[0].device
     prior = PRIORS.get((variant.target, unit))
     sample = sample_from_bench(
@@ -407,20 +414,14 @@ def check_against_bench(
     beside it. ``leave_out`` fits without this variant's own sample, so the figure
     shows how the calibration carries to a model it has not seen."""
     from edgekit.converters.predict import (
-        PRIORS,
+        coefficients,
         decode_seconds,
         prefill_seconds,
         units_for,
         vocab_term,
     )
 
-    from edgekit.bundle import open_bundle
-    from edgekit.inspection import inspect_model
-
-    opened = open_bundle(result.bundle)
-    variant = opened.manifest.variant(result.variant)
-    spec = inspect_model(opened.variant_path(variant))
-    layout = variant_layout(spec, variant.target, variant.quant)
+    variant, spec, layout = _benchmarked(result)
     run = result.runs[0]
     units = [
         u for u in units_for(profile, variant.target, None) if u.accelerator.kind == run.device
@@ -428,16 +429,7 @@ def check_against_bench(
     if not units:
         raise SchemaError(f"{profile.name} has no {run.device} unit for {variant.target}")
     unit = units[0]
-    prior = PRIORS[(variant.target, run.device)]
-    prior = replace(
-        prior,
-        runtime_bytes=vocab_term(variant.target, run.device, spec)
-        + (
-            48 << 20
-            if variant.target == "llamacpp" and run.device == "cpu"
-            else prior.runtime_bytes
-        ),
-    )
+    prior = coefficients(variant.target, unit, spec)
     found = samples(device_key(profile), variant.target, run.device) if calibrated else []
     own = sample_from_bench(
         result,

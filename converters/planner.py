@@ -38,7 +38,6 @@ from edgekit.errors import PlanError
 from edgekit.memory_estimate import KV_BYTES
 from edgekit.modelspec import ModelSpec
 
-_GIB = float(GIB)  # sizes are shown in GiB, as profiles state them
 DEFAULT_CONTEXT = 4096
 
 # Formats the planner considers per target and unit kind, most precise first.
@@ -393,8 +392,8 @@ def _candidate(
     name = f"{target} {fmt}"
     if pred.memory_bytes > limit:
         reasons.append(
-            f"{name} needs {pred.memory_bytes / _GIB:.2f} GiB at ctx {context}; {why} "
-            f"{limit / _GIB:.2f} GiB"
+            f"{name} needs {pred.memory_bytes / GIB:.2f} GiB at ctx {context}; {why} "
+            f"{limit / GIB:.2f} GiB"
         )
     if acc.max_prompt_tokens is not None and context > acc.max_prompt_tokens:
         reasons.append(
@@ -449,10 +448,32 @@ def _candidate(
     )
 
 
+# Table columns both `edgekit plan` and the TUI's Plan tab show (each adds one of its own).
+COLUMNS = ("", "target", "unit", "format", "GiB", "decode", "prefill", "W", "J/tok", "KL")
+TEXT_COLUMNS = ("", "target", "unit", "format")
+
+
+def candidate_cells(c: Candidate, choice: Candidate | None) -> tuple[str, ...]:
+    """``c`` as the cells of COLUMNS: "*" marks the pick, "~" a prediction-only target."""
+    p = c.prediction
+    return (
+        "*" if c is choice else ("~" if not c.buildable else ""),
+        c.target,
+        c.unit,
+        c.format,
+        f"{p.memory_bytes / GIB:.2f}",
+        f"{p.decode_tok_s:.1f}" if p.decode_tok_s else "-",
+        f"{p.prefill_tok_s:.0f}" if p.prefill_tok_s else "-",
+        f"{p.watts:g}" if p.watts else "-",
+        f"{p.joules_per_token:.2f}" if p.joules_per_token else "-",
+        f"{c.quality_loss:.3f}" if c.quality_loss is not None else "?",
+    )
+
+
 def describe(c: Candidate) -> str:
     """One line: what it costs and what it gives."""
     p = c.prediction
-    parts = [f"{p.memory_bytes / _GIB:.2f} GiB of {c.memory_limit_bytes / _GIB:.2f} GiB"]
+    parts = [f"{p.memory_bytes / GIB:.2f} GiB of {c.memory_limit_bytes / GIB:.2f} GiB"]
     if p.decode_tok_s:
         parts.append(f"~{p.decode_tok_s:.1f} tok/s decode")
     if p.prefill_tok_s:
@@ -486,8 +507,8 @@ def _summary(choice: Candidate | None, best: Candidate | None, closest: Candidat
         return "no candidate"
     over = near.prediction.memory_bytes - near.memory_limit_bytes
     miss = (
-        f"needs {near.prediction.memory_bytes / _GIB:.2f} GiB, {over / _GIB:.2f} GiB more "
-        f"than the {near.memory_limit_bytes / _GIB:.2f} GiB available"
+        f"needs {near.prediction.memory_bytes / GIB:.2f} GiB, {over / GIB:.2f} GiB more "
+        f"than the {near.memory_limit_bytes / GIB:.2f} GiB available"
         if over > 0
         else "; ".join(near.rejections)
     )

@@ -10,8 +10,9 @@ format. The planner reads ``expected_kl``.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from edgekit.cache import cache_root
 
 # (target, format) -> mean KL vs the source, SmolLM2-135M, 8 x 512-token windows of the
 # shipped text (benchmarks/quality_table.py; the reference is the float32 export).
@@ -33,8 +34,7 @@ MEASURED_KL: dict[tuple[str, str], float] = {
 
 
 def calibration_file() -> Path:
-    root = os.environ.get("EDGEKIT_CACHE") or Path.home() / ".cache" / "edgekit"
-    return Path(root) / "quality.json"
+    return cache_root() / "quality.json"
 
 
 def _local() -> dict[str, float]:

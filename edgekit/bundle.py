@@ -27,6 +27,7 @@ from typing import Any
 from edgekit import __version__
 from edgekit.archive import extract_archive, write_archive
 from edgekit.atomic import atomic_path, check_destination
+from edgekit.cache import cache_root
 from edgekit.errors import (
     BundleError,
     BundleIntegrityError,
@@ -400,8 +401,7 @@ def _backend_versions() -> dict[str, str]:
 
 def cache_folder() -> Path:
     """Where archives are extracted: $EDGEKIT_CACHE, else ~/.cache/edgekit."""
-    root = os.environ.get("EDGEKIT_CACHE") or Path.home() / ".cache" / "edgekit"
-    return Path(root) / "bundles"
+    return cache_root() / "bundles"
 
 
 def open_bundle(path: str | Path) -> OpenedBundle:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -79,24 +78,9 @@ def test_the_default_model_file_is_its_own_layout(default_gguf: Path) -> None:
     _check(default_gguf, default_gguf, "Q4_1")
 
 
-MISTRAL_7B = {  # config.json of mistralai/Mistral-7B-v0.1
-    "architectures": ["MistralForCausalLM"],
-    "model_type": "mistral",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 32000,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
-
-
-def test_q4_k_m_gives_more_bits_where_llama_cpp_does(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(MISTRAL_7B))
-    spec = inspect_model(tmp_path)
+def test_q4_k_m_gives_more_bits_where_llama_cpp_does() -> None:
+    # mistralai/Mistral-7B-v0.1's config.json, no weights
+    spec = inspect_model(Path(__file__).parent.parent / "samples" / "configs" / "mistral-7b")
     layout = gguf_layout(spec, "Q4_K_M")
     kinds = {t.name: t.storage for t in layout.tensors}
     assert kinds["lm_head.weight"] == "Q6_K"

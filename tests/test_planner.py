@@ -17,32 +17,11 @@ from edgekit.errors import PlanError, SchemaError
 from edgekit.inspection import inspect_model
 from edgekit.modelspec import ModelSpec
 
-MISTRAL_7B = {  # config.json of mistralai/Mistral-7B-v0.1
-    "architectures": ["MistralForCausalLM"],
-    "model_type": "mistral",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 32000,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
-LLAMA_70B = {  # config.json of meta-llama/Llama-3.1-70B
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 8192,
-    "intermediate_size": 28672,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
+# Configs only, as published (mistralai/Mistral-7B-v0.1, meta-llama/Llama-3.1-70B): the
+# samples the README plans with.
+CONFIGS = Path(__file__).parent.parent / "samples" / "configs"
+MISTRAL_7B = json.loads((CONFIGS / "mistral-7b" / "config.json").read_text())
+LLAMA_70B = json.loads((CONFIGS / "llama-3.1-70b" / "config.json").read_text())
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
+from edgekit.converters.planner import COLUMNS
 from rich.markup import escape
 from textual import work
 from textual.app import ComposeResult
@@ -11,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.timer import Timer
 from textual.widgets import DataTable, Input, Label, Static
 
-from edgekit.devices import GIB, DeviceProfile
+from edgekit.devices import DeviceProfile
 from edgekit.errors import EdgekitError
 from edgekit.modelspec import ModelSpec
 
@@ -53,19 +54,7 @@ class PlanPane(Vertical):
 
     def on_mount(self) -> None:
         table = self.query_one("#candidates", DataTable)
-        table.add_columns(
-            "",
-            "target",
-            "unit",
-            "format",
-            "GiB",
-            "decode",
-            "prefill",
-            "W",
-            "J/tok",
-            "KL",
-            "why not",
-        )
+        table.add_columns(*COLUMNS, "why not")
         self.replan()
 
     def on_input_changed(self, event: Input.Changed) -> None:
@@ -136,31 +125,19 @@ class PlanPane(Vertical):
         self.app.call_from_thread(self.show, result)
 
     def show(self, result: Plan) -> None:
-        from edgekit.converters.planner import describe
+        from edgekit.converters.planner import candidate_cells, describe
 
         b = result.budgets
-        head = f"[b]{result.model}[/b] on [b]{result.device_display}[/b], ctx {b.context}" + (
-            f", power mode {result.power_mode}" if result.power_mode else ""
+        head = f"[b]{escape(result.model)}[/b] on [b]{escape(result.device_display)}[/b]" + (
+            f", ctx {b.context}"
+            + (f", power mode {result.power_mode}" if result.power_mode else "")
         )
         self.query_one("#plan-summary", Static).update(f"{head}\n{escape(result.summary)}")
         table = self.query_one("#candidates", DataTable)
         table.clear()
         for c in result.candidates:
-            p = c.prediction
-            mark = "*" if c is result.choice else ("~" if not c.buildable else "")
-            table.add_row(
-                mark,
-                c.target,
-                c.unit,
-                c.format,
-                f"{p.memory_bytes / GIB:.2f}",
-                f"{p.decode_tok_s:.1f}" if p.decode_tok_s else "-",
-                f"{p.prefill_tok_s:.0f}" if p.prefill_tok_s else "-",
-                f"{p.watts:g}" if p.watts else "-",
-                f"{p.joules_per_token:.2f}" if p.joules_per_token else "-",
-                f"{c.quality_loss:.3f}" if c.quality_loss is not None else "?",
-                c.rejections[0] if c.rejections else ("fits" if c.buildable else c.build_note),
-            )
+            why = c.rejections[0] if c.rejections else ("fits" if c.buildable else c.build_note)
+            table.add_row(*candidate_cells(c, result.choice), why)
         notes = [f"note: {n}" for n in result.notes]
         pick = [describe(result.choice)] if result.choice else []
         self.query_one("#plan-reasons", Static).update(

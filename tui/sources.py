@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgekit.cache import cache_root
 from edgekit.probe import HostReport, probe_host
 
 
 def default_results() -> Path:
-    root = os.environ.get("EDGEKIT_CACHE") or Path.home() / ".cache" / "edgekit"
-    return Path(root) / "results"
+    return cache_root() / "results"
 
 
 def is_bundle(path: Path) -> bool:

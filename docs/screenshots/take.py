@@ -40,18 +40,12 @@ async def take(bundle: Path, results: Path) -> None:
     app = EdgekitApp(Sources(bundle=bundle, model=default_model_path(), results=results))
     async with app.run_test(size=SIZE) as pilot:
         tabs = app.query_one(TabbedContent)
-        await settle(app, pilot)
-        app.save_screenshot("device.svg", path=str(HERE))
-        tabs.active = "plan"
-        await settle(app, pilot)
-        app.save_screenshot("plan.svg", path=str(HERE))
-        tabs.active = "bench"
-        app.query_one(BenchPane).action_run()
-        await settle(app, pilot)
-        app.save_screenshot("bench.svg", path=str(HERE))
-        tabs.active = "compare"
-        await settle(app, pilot)
-        app.save_screenshot("compare.svg", path=str(HERE))
+        for tab in ("device", "plan", "bench", "compare"):
+            tabs.active = tab
+            if tab == "bench":
+                app.query_one(BenchPane).action_run()
+            await settle(app, pilot)
+            app.save_screenshot(f"{tab}.svg", path=str(HERE))
         tabs.active = "chat"
         await pilot.pause(0.3)
         chat = app.query_one("#chat-input")

@@ -12,7 +12,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from edgekit.cli import emit_json, json_option, main
-from edgekit.devices import GIB
 
 if TYPE_CHECKING:
     from edgekit.converters.planner import Budgets, Plan
@@ -106,6 +105,8 @@ def plan_command(
 
 
 def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> None:
+    from edgekit.converters.planner import COLUMNS, TEXT_COLUMNS, candidate_cells
+
     b = result.budgets
     console.print(
         f"[bold]{result.model}[/] ({result.family}, {result.parameters / 1e9:.2f}B parameters"
@@ -116,42 +117,15 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
     )
     # box.SIMPLE and short headings: the table fits an 80-column terminal
     table = Table(box=box.SIMPLE, pad_edge=False, collapse_padding=True, title_justify="left")
-    for column in (
-        "",
-        "target",
-        "unit",
-        "format",
-        "GiB",
-        "decode",
-        "prefill",
-        "W",
-        "J/tok",
-        "KL",
-        "basis",
-    ):
-        table.add_column(
-            column,
-            justify="left" if column in ("", "target", "unit", "format", "basis") else "right",
-        )
+    for column in (*COLUMNS, "basis"):
+        right = column not in (*TEXT_COLUMNS, "basis")
+        table.add_column(column, justify="right" if right else "left")
     fitting = [c for c in result.candidates if c.fits]
     rejected = [c for c in result.candidates if not c.fits]
     shown = fitting if show_all else fitting[:6]
     for c in shown:
-        p = c.prediction
-        mark = "*" if c is result.choice else ("~" if not c.buildable else "")
-        table.add_row(
-            mark,
-            c.target,
-            c.unit,
-            c.format,
-            f"{p.memory_bytes / GIB:.2f}",
-            f"{p.decode_tok_s:.1f}" if p.decode_tok_s else "-",
-            f"{p.prefill_tok_s:.0f}" if p.prefill_tok_s else "-",
-            f"{p.watts:g}" if p.watts else "-",
-            f"{p.joules_per_token:.2f}" if p.joules_per_token else "-",
-            f"{c.quality_loss:.3f}" if c.quality_loss is not None else "?",
-            "cal." if p.basis == "calibrated" else "est.",
-        )
+        basis = "cal." if c.prediction.basis == "calibrated" else "est."
+        table.add_row(*candidate_cells(c, result.choice), basis)
     if shown:
         console.print(table)
         console.print(
