@@ -14,6 +14,23 @@ import pytest
 
 STRICT = os.environ.get("EDGEKIT_STRICT") == "1"
 
+# Fuzz tests (tests/fuzz/) run a bounded number of examples in CI; a longer run sets
+# EDGEKIT_FUZZ_EXAMPLES (docs/fuzzing.md). No example database: runs stay independent.
+try:
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "edgekit",
+        max_examples=int(os.environ.get("EDGEKIT_FUZZ_EXAMPLES", "150")),
+        deadline=None,
+        database=None,
+        derandomize=os.environ.get("EDGEKIT_FUZZ_SEED") is None and bool(os.environ.get("CI")),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    settings.load_profile("edgekit")
+except ImportError:  # hypothesis is a dev dependency; only the fuzz tests need it
+    pass
+
 
 def require(module: str, why: str) -> None:
     """Skip (or, in strict mode, fail) when ``module`` is not importable."""
