@@ -19,8 +19,8 @@ A coefficient without samples keeps its first estimate; the plan says which is w
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import statistics
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
@@ -41,13 +41,19 @@ from edgekit.converters.predict import (
     prefill_flops_per_token,
 )
 
+from edgekit.atomic import write_atomic
 from edgekit.cache import cache_root
 from edgekit.devices import DeviceProfile
 from edgekit.errors import SchemaError
 from edgekit.modelspec import ModelSpec
+from edgekit.safe_files import read_capped
+from edgekit.schema import build
+from edgekit.untrusted import parse_json
 
 FILE_VERSION = 1
 MAX_SAMPLES = 32  # per device and unit; the oldest go first
+MAX_FILE_BYTES = 16 << 20  # 32 samples of ~400 bytes per device and unit: far below
+_DELETE_IT = "delete it; the next `edgekit bench` writes a new one"
 # Two samples fit a line only when their sizes differ this much; closer ones average.
 MIN_SPREAD = 1.5
 
@@ -84,30 +90,58 @@ def device_key(profile: DeviceProfile) -> str:
 def _read() -> dict[str, Any]:
     path = calibration_file()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_capped(path, max_bytes=MAX_FILE_BYTES, error=SchemaError, hint=_DELETE_IT)
     except FileNotFoundError:
         return {"version": FILE_VERSION, "devices": {}}
-    except (OSError, json.JSONDecodeError) as exc:
+    data = parse_json(
+        raw,
+        where=f"{path}: cannot read the calibration file",
+        max_bytes=MAX_FILE_BYTES,
+        hint=_DELETE_IT,
+    )
+    if (
+        not isinstance(data, dict)
+        or data.get("version") != FILE_VERSION
+        or not isinstance(data.get("devices"), dict)
+        or not all(
+            isinstance(units, dict) and all(isinstance(slot, dict) for slot in units.values())
+            for units in data["devices"].values()
+        )
+    ):
         raise SchemaError(
-            f"{path}: cannot read the calibration file ({exc})",
-            hint="delete it; the next `edgekit bench` writes a new one",
-        ) from exc
-    if not isinstance(data, dict) or data.get("version") != FILE_VERSION:
-        raise SchemaError(
-            f"{path}: not a calibration file of version {FILE_VERSION}",
-            hint="delete it; the next `edgekit bench` writes a new one",
+            f"{path}: not a calibration file of version {FILE_VERSION}", hint=_DELETE_IT
         )
     return data
 
 
+_SAMPLE_KEYS = {f.name for f in dataclasses.fields(Sample)}
+_REQUIRED_KEYS = {
+    f.name
+    for f in dataclasses.fields(Sample)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+}
+
+
 def samples(device: str, target: str, unit: str) -> list[Sample]:
+    """The stored samples of a device and compute unit.
+
+    A sample with other keys (from another edgekit version) is skipped; one with this
+    version's keys but a wrong value is an error, not a silent skip.
+
+    Raises:
+        SchemaError: the file or a sample is damaged (the hint says to delete it).
+    """
     raw = _read()["devices"].get(device, {}).get(f"{target}/{unit}", {})
     out: list[Sample] = []
-    for value in raw.values():
-        try:
-            out.append(Sample(**value))
-        except TypeError:
+    for key, value in raw.items():
+        if not isinstance(value, dict) or not _REQUIRED_KEYS <= set(value) <= _SAMPLE_KEYS:
             continue  # a sample from another edgekit version: skip, do not fail the plan
+        where = f"{calibration_file()}: sample {key!r}"
+        try:
+            sample = build(Sample, value, where, SchemaError)
+        except SchemaError as exc:
+            raise SchemaError(exc.message, hint=_DELETE_IT) from exc
+        out.append(sample)
     return out
 
 
@@ -119,12 +153,7 @@ def record(device: str, target: str, unit: str, sample: Sample) -> Path:
     slot[sample.key] = asdict(sample)
     while len(slot) > MAX_SAMPLES:
         slot.pop(next(iter(slot)))
-    path = calibration_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(calibration_file(), json.dumps(data, indent=1, sort_keys=True))
 
 
 def _line(points: list[tuple[float, float]], prior_intercept: float) -> tuple[float, float]:

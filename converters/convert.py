@@ -7,11 +7,14 @@
     GGUF      -> GGUF quantized (requantize)     (quantize_gguf, with a stacked-error warning)
     GGUF      -> HF folder (dequantize)          (gguf_to_hf)
 
-Names and options are validated before any file is written.
+``check_conversion`` is the one check of a conversion before any work: the output
+format and options, the source kind, and the tools installed. ``convert_model`` runs it
+first, and ``pack`` runs it for every variant before converting the first one.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +26,10 @@ from edgekit.converters.gguf_to_hf import gguf_to_hf
 from edgekit.converters.hf_to_gguf import hf_to_gguf
 from edgekit.converters.recipe import Recipe
 
-from edgekit.atomic import check_destination
-from edgekit.errors import UnsupportedConversionError
+from edgekit.atomic import check_destination, work_dir
+from edgekit.errors import TargetUnavailableError, UnsupportedConversionError
 from edgekit.inspection import inspect_model
+from edgekit.modelspec import ModelSpec
 from edgekit.progress import ProgressCallback, no_progress
 
 OutputFormat = Literal["gguf", "hf", "openvino"]
@@ -71,42 +75,21 @@ def convert_model(
 
     check_destination(out, force=force)
     spec = inspect_model(src)
+    name = (quant or ("INT4" if to == "openvino" else "F16")).upper() if to != "hf" else None
+    options = Recipe(weights=name).with_options(recipe) if name is not None else None
+    check_conversion(spec, src, to, quant=quant if to == "hf" else name, recipe=options)
     if to == "hf":
-        if spec.format != "gguf":
-            raise UnsupportedConversionError(
-                f"{src} is already a Hugging Face folder", hint="convert it --to gguf"
-            )
-        if quant:
-            raise UnsupportedConversionError(
-                "--quant does not apply to --to hf (it writes float32)"
-            )
         r = gguf_to_hf(src, out, force=force, progress=progress)
         return done("hf", None, r.warnings)
     if to == "openvino":
         from edgekit.converters.openvino_convert import hf_to_openvino
 
-        name = (quant or "INT4").upper()
-        options = Recipe(weights=name).with_options(recipe)
-        exported = hf_to_openvino(src, out, name, recipe=options, force=force, progress=progress)
-        return done("openvino", name, exported.warnings)
-    if to != "gguf":
-        raise UnsupportedConversionError(
-            f"unknown output format {to!r}", hint="use gguf, openvino or hf"
-        )
+        fmt = name or "INT4"
+        exported = hf_to_openvino(src, out, fmt, recipe=options, force=force, progress=progress)
+        return done("openvino", fmt, exported.warnings)
 
-    name = (quant or "F16").upper()
-    if name not in GGUF_FORMATS:
-        raise UnsupportedConversionError(
-            f"{quant!r} is not a GGUF type edgekit writes",
-            hint=f"choose one of {', '.join(GGUF_FORMATS)}",
-        )
-    options = Recipe(weights=name).with_options(recipe)
+    name = name or "F16"
     if spec.format == "gguf":
-        if name in FLOAT_FORMATS:
-            raise UnsupportedConversionError(
-                f"{src} is already GGUF; converting it to {name} adds nothing",
-                hint="quantize it (--quant Q4_K_M, ...) or convert it --to hf",
-            )
         q = quantize_gguf(
             src, out, name, recipe=options, threads=threads, force=force, progress=progress
         )
@@ -122,22 +105,159 @@ def convert_model(
             progress=progress,
         )
         return done("gguf", name, ())
-    # Quantize from a lossless intermediate in the source's own precision.
+    # Quantize from a lossless intermediate in the source's own precision, written in a
+    # private folder beside the output (removed on the way out, however it ends).
     lossless = spec.dtype if spec.dtype in FLOAT_FORMATS else "F32"
-    intermediate = out.with_name(f".{out.name}.{lossless.lower()}-intermediate.gguf")
-    try:
+    with work_dir(out, "build") as scratch:
+        intermediate = scratch / f"{out.stem}.{lossless.lower()}-intermediate.gguf"
         hf_to_gguf(
             src,
             intermediate,
             out_type=lossless,
             recipe=options,
             tokenizer_pre=tokenizer_pre,
-            force=True,
             progress=progress,
         )
         q = quantize_gguf(
             intermediate, out, name, recipe=options, threads=threads, force=force, progress=progress
         )
-    finally:
-        intermediate.unlink(missing_ok=True)
     return done("gguf", name, q.warnings)
+
+
+# Importable modules each conversion step needs, and the extra that installs them.
+_TOOLS: dict[str, tuple[tuple[str, ...], str]] = {
+    "quantize": (("llama_cpp",), "llama-cpp-python: pip install 'edgekit[gguf]'"),
+    "gguf": (("gguf", "numpy"), "the gguf package: pip install 'edgekit[gguf]'"),
+    "openvino": (
+        ("optimum.intel", "openvino", "openvino_tokenizers", "nncf", "transformers"),
+        "optimum-intel and openvino-tokenizers: pip install 'edgekit[openvino]'",
+    ),
+}
+
+
+def _require(step: str, what: str) -> None:
+    modules, install = _TOOLS[step]
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package is missing or broken
+            found = False
+        if not found:
+            raise TargetUnavailableError(
+                f"{what} needs {install.split(':')[0]} ({module} is not installed)",
+                hint=install.split(": ", 1)[1],
+            )
+
+
+def check_conversion(
+    spec: ModelSpec,
+    src: Path,
+    to: str,
+    *,
+    quant: str | None,
+    recipe: Recipe | None,
+) -> None:
+    """Everything knowable about converting ``src`` (described by ``spec``) to ``to``
+    before writing anything: the format, the options, the source kind, the tools.
+
+    ``quant`` is the output format name (upper case; None for ``to="hf"``) and ``recipe``
+    the parsed options.
+
+    Raises:
+        UnsupportedConversionError: the format, option or source cannot be converted so.
+        TargetUnavailableError: a tool the conversion needs is not installed.
+    """
+    if to == "hf":
+        if spec.format != "gguf":
+            raise UnsupportedConversionError(
+                f"{src} is already a Hugging Face folder", hint="convert it --to gguf"
+            )
+        if quant:
+            raise UnsupportedConversionError(
+                "--quant does not apply to --to hf (it writes float32)"
+            )
+        return
+    if to == "openvino":
+        _check_openvino(spec, src, quant or "INT4", recipe)
+        return
+    if to != "gguf":
+        raise UnsupportedConversionError(
+            f"unknown output format {to!r}", hint="use gguf, openvino or hf"
+        )
+    name = (quant or "F16").upper()
+    if name not in GGUF_FORMATS:
+        raise UnsupportedConversionError(
+            f"{quant!r} is not a GGUF type edgekit writes",
+            hint=f"choose one of {', '.join(GGUF_FORMATS)}",
+        )
+    if spec.format == "gguf":
+        if name in FLOAT_FORMATS:
+            raise UnsupportedConversionError(
+                f"{src} is already GGUF; converting it to {name} adds nothing",
+                hint="quantize it (--quant Q4_K_M, ...) or convert it --to hf",
+            )
+        _require("quantize", "quantizing a GGUF")
+    else:
+        _check_hf_weights(spec, src, "GGUF conversion")
+        _require("gguf", "writing a GGUF")
+        if name not in FLOAT_FORMATS:
+            _require("quantize", f"quantizing to {name}")
+    if recipe is not None and name not in FLOAT_FORMATS:
+        from edgekit.converters.gguf_quantize import _ggml_type
+
+        for what in ("embeddings", "output"):
+            value = getattr(recipe, what)
+            if value:
+                _ggml_type(value, what)
+
+
+def _check_hf_weights(spec: ModelSpec, src: Path, what: str) -> None:
+    if spec.format != "hf" or spec.parameters_source != "tensors":
+        raise UnsupportedConversionError(
+            f"{src}: {what} needs a Hugging Face folder with safetensors weights",
+            hint="a GGUF is converted with --to gguf --quant (requantize) or --to hf",
+        )
+
+
+def _check_openvino(spec: ModelSpec, src: Path, quant: str, recipe: Recipe | None) -> None:
+    """OpenVINO export: from a Hugging Face folder (a GGUF source is dequantized to one
+    first: the caller checks that step), of a family the pinned exporter handles."""
+    from edgekit.converters.openvino_convert import (
+        EXPORTABLE,
+        KV_PRECISIONS,
+        OPENVINO_FORMATS,
+        _calibration_texts,
+        _quantization_config,
+    )
+
+    from edgekit.architectures import FAMILIES
+
+    quant = quant.upper()
+    if quant not in OPENVINO_FORMATS:
+        raise UnsupportedConversionError(
+            f"{quant!r} is not an OpenVINO format edgekit writes",
+            hint=f"choose one of {', '.join(OPENVINO_FORMATS)}",
+        )
+    if spec.format == "hf":
+        _check_hf_weights(spec, src, "OpenVINO export")
+        if not (src / "tokenizer.json").is_file() and not (src / "tokenizer.model").is_file():
+            raise UnsupportedConversionError(
+                f"{src}: no tokenizer (tokenizer.json or tokenizer.model)",
+                hint="save the tokenizer beside the weights (tokenizer.save_pretrained) first",
+            )
+    if spec.family not in EXPORTABLE:
+        display = next((f.display for f in FAMILIES if f.key == spec.family), spec.family)
+        raise UnsupportedConversionError(
+            f"{display} cannot be exported to OpenVINO with the pinned optimum-intel",
+            hint="use the GGUF target for this model",
+        )
+    recipe = recipe or Recipe(weights=quant)
+    if recipe.kv_cache not in KV_PRECISIONS:
+        raise UnsupportedConversionError(
+            f"KV-cache type {recipe.kv_cache!r} has no OpenVINO equivalent",
+            hint="use f16, q8_0 (u8) or f32",
+        )
+    _require("openvino", "OpenVINO export")
+    _calibration_texts(recipe.calibration)
+    if recipe.group_size is not None:
+        _quantization_config(quant, recipe, None)  # refuses a group size NNCF lacks

@@ -10,9 +10,17 @@ format. The planner reads ``expected_kl``.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+from edgekit.atomic import write_atomic
 from edgekit.cache import cache_root
+from edgekit.errors import SchemaError
+from edgekit.safe_files import read_capped
+from edgekit.untrusted import clean_text, parse_json
+
+MAX_FILE_BYTES = 1 << 20  # (target, format) pairs: a few hundred bytes
+_DELETE_IT = "delete it; the next `edgekit eval` writes a new one"
 
 # (target, format) -> mean KL vs the source, SmolLM2-135M, 8 x 512-token windows of the
 # shipped text (benchmarks/quality_table.py; the reference is the float32 export).
@@ -38,22 +46,41 @@ def calibration_file() -> Path:
 
 
 def _local() -> dict[str, float]:
+    """The local measurements ({"target:FORMAT": mean KL}); none when there is no file.
+
+    Raises:
+        SchemaError: the file is not such a table (the hint says to delete it).
+    """
+    path = calibration_file()
     try:
-        data = json.loads(calibration_file().read_text())
-    except (OSError, json.JSONDecodeError):
+        raw = read_capped(path, max_bytes=MAX_FILE_BYTES, error=SchemaError, hint=_DELETE_IT)
+    except FileNotFoundError:
         return {}
-    return {k: float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    data = parse_json(raw, where=str(path), max_bytes=MAX_FILE_BYTES, hint=_DELETE_IT)
+    if not isinstance(data, dict):
+        raise SchemaError(f"{path}: not a table of measurements", hint=_DELETE_IT)
+    table: dict[str, float] = {}
+    for key, value in data.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise SchemaError(
+                f"{path}: {clean_text(key)!r} is {clean_text(value)!r}, not a mean KL "
+                "(a number of nats per token, zero or more)",
+                hint=_DELETE_IT,
+            )
+        table[key] = float(value)
+    return table
 
 
 def record(target: str, fmt: str, kl_mean: float) -> None:
     """Remember a measurement (the latest one wins) for later estimates."""
     data = _local()
     data[f"{target}:{fmt}"] = kl_mean
-    path = calibration_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    tmp.replace(path)
+    write_atomic(calibration_file(), json.dumps(data, indent=2, sort_keys=True))
 
 
 def expected_kl(target: str, fmt: str) -> tuple[float | None, str]:

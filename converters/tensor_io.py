@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from edgekit.atomic import open_new
 from edgekit.safetensors_header import TensorLocation
 
 _NUMPY = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
@@ -51,7 +52,11 @@ def write_safetensors(
     path: Path, tensors: Iterable[tuple[str, tuple[int, ...]]], arrays: Iterable[np.ndarray]
 ) -> None:
     """Write a float32 safetensors file, streaming: the header is computed from the
-    shapes first, then each array is written as it comes (in the same order)."""
+    shapes first, then each array is written as it comes (in the same order).
+
+    Raises:
+        OutputExistsError: something is already at ``path`` (write into an atomic_path folder).
+    """
     names_shapes = list(tensors)
     header: dict[str, object] = {"__metadata__": {"format": "pt", "writer": "edgekit"}}
     offset = 0
@@ -61,7 +66,7 @@ def write_safetensors(
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    with path.open("wb") as f:
+    with open_new(path) as f:  # a new file: never through a link planted at its name
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for (name, shape), array in zip(names_shapes, arrays, strict=True):

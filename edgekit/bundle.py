@@ -14,10 +14,11 @@ best variant that can run on this host and fits its memory.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import platform
 import socket
-import tempfile
+import stat
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -25,8 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from edgekit import __version__
-from edgekit.archive import extract_archive, write_archive
-from edgekit.atomic import atomic_path, check_destination
+from edgekit.archive import extract_archive, list_members, write_archive
+from edgekit.atomic import (
+    atomic_path,
+    check_destination,
+    work_dir,
+    write_atomic,
+    write_new,
+)
 from edgekit.cache import cache_root
 from edgekit.errors import (
     BundleError,
@@ -53,7 +60,16 @@ from edgekit.manifest import (
     read_manifest,
 )
 from edgekit.memory_estimate import MemoryEstimate, estimate_memory
+from edgekit.modelspec import ModelSpec
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
+from edgekit.safe_files import (
+    UnsafePathError,
+    kind_of,
+    open_regular,
+    read_capped,
+    walk_no_follow,
+)
+from edgekit.untrusted import clean_text, parse_json
 
 GB = 1e9
 DEFAULT_CONTEXT = 4096
@@ -88,10 +104,14 @@ class OpenedBundle:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+        return _sha256_of(f, chunk)
+
+
+def _sha256_of(f: Any, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    while block := f.read(chunk):
+        h.update(block)
     return h.hexdigest()
 
 
@@ -134,32 +154,16 @@ def pack(
 
     model, out = Path(model), Path(out)
     check_destination(out, force=force)
-    if not variants:
-        raise UnsupportedConversionError(
-            "no variant asked for", hint="pass --quant Q4_K_M (or several)"
-        )
-    for request in variants:
-        if request.target not in PACKABLE:
-            raise UnsupportedConversionError(
-                f"target {request.target!r} cannot be packed yet",
-                hint=f"packable targets: {', '.join(PACKABLE)}",
-            )
-        formats = _formats(request.target)
-        if request.quant.upper() not in formats:
-            raise UnsupportedConversionError(
-                f"{request.quant!r} is not a {request.target} format",
-                hint=f"choose one of {', '.join(formats)}",
-            )
-        Recipe(weights=request.quant.upper()).with_options(request.recipe)  # validate early
     spec = inspect_model(model)
     bundle_name = name or out.name.removesuffix(".tar")
+    validate_pack(spec, model, variants, bundle_name=bundle_name, max_quality_loss=max_quality_loss)
 
     with (
         atomic_path(out, force=force) as tmp_out,
-        tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.build-") as build,
+        work_dir(out, "build") as build,
     ):
-        folder = (Path(build) / bundle_name) if archive else tmp_out
-        folder.mkdir(parents=True)
+        folder = (build / bundle_name) if archive else tmp_out
+        folder.mkdir()
         built: list[Variant] = []
         warnings: list[str] = []
         hf_source: Path | None = None
@@ -177,7 +181,7 @@ def pack(
             if fmt == "openvino" and spec.format == "gguf":
                 # OpenVINO exports start from a Hugging Face folder: dequantize once.
                 if hf_source is None:
-                    hf_source = Path(build) / "hf-source"
+                    hf_source = build / "hf-source"
                     result = convert_model(model, "hf", hf_source, progress=progress)
                     warnings.extend(w for w in result.warnings if w not in warnings)
                 source = hf_source
@@ -255,14 +259,118 @@ def pack(
                 host=f"{socket.gethostname()} ({platform.system()} {platform.machine()})",
             ),
         )
-        (folder / MANIFEST_NAME).write_text(manifest.to_json())
+        write_new(folder / MANIFEST_NAME, manifest.to_json())
         verify_bundle(folder, read_manifest(folder), checksums=True)
         progress(
             ProgressEvent(stage="pack", done=len(variants), total=len(variants), detail="verified")
         )
         if archive:
             write_archive(folder, tmp_out)
+            list_members(tmp_out)  # what edgekit writes, edgekit's own reader accepts
     return PackResult(path=out, manifest=manifest, warnings=tuple(warnings))
+
+
+MAX_CONTEXT = 1 << 24
+
+
+def validate_pack(
+    spec: ModelSpec,
+    model: Path,
+    variants: list[VariantRequest],
+    *,
+    bundle_name: str,
+    max_quality_loss: float | None,
+) -> None:
+    """Everything ``pack`` can know before converting anything, for every variant: the
+    target and format exist, the conversion tools are installed, the source can be
+    converted that way, the options are valid, no variant is asked for twice. A pack
+    that would refuse its third variant refuses before converting the first.
+
+    Raises:
+        UnsupportedConversionError: a target, format, option or source that cannot be packed.
+        TargetUnavailableError: a conversion tool (or, with ``max_quality_loss``, the
+            target that evaluates the variant) is not installed here.
+    """
+    from edgekit.converters.convert import check_conversion
+    from edgekit.converters.recipe import Recipe
+
+    if not variants:
+        raise UnsupportedConversionError(
+            "no variant asked for", hint="pass --quant Q4_K_M (or several)"
+        )
+    _check_bundle_name(bundle_name)
+    if max_quality_loss is not None and not (
+        math.isfinite(max_quality_loss) and max_quality_loss > 0
+    ):
+        raise UnsupportedConversionError(
+            f"--max-quality-loss {max_quality_loss} is not a positive number of nats per token",
+            hint="e.g. --max-quality-loss 0.05",
+        )
+    seen: set[str] = set()
+    for request in variants:
+        if request.target not in PACKABLE:
+            raise UnsupportedConversionError(
+                f"target {clean_text(request.target)!r} cannot be packed yet",
+                hint=f"packable targets: {', '.join(PACKABLE)}",
+            )
+        formats = _formats(request.target)
+        quant = request.quant.upper()
+        if quant not in formats:
+            raise UnsupportedConversionError(
+                f"{clean_text(request.quant)!r} is not a {request.target} format",
+                hint=f"choose one of {', '.join(formats)}",
+            )
+        fmt = PACKABLE[request.target][0]
+        variant_name = f"{fmt}-{quant.lower()}"
+        if variant_name in seen:
+            raise UnsupportedConversionError(
+                f"variant {variant_name} is asked for twice",
+                hint="list each target:format once",
+            )
+        seen.add(variant_name)
+        if request.context is not None and not 0 < request.context <= MAX_CONTEXT:
+            raise UnsupportedConversionError(
+                f"context {request.context} is not a usable context length",
+                hint=f"pass a positive number of tokens up to {MAX_CONTEXT:,}, e.g. 4096",
+            )
+        recipe = Recipe(weights=quant).with_options(request.recipe)
+        if fmt == "openvino" and spec.format == "gguf":
+            # OpenVINO exports start from a Hugging Face folder: dequantized first.
+            check_conversion(spec, model, "hf", quant=None, recipe=None)
+        check_conversion(
+            spec, model, "openvino" if fmt == "openvino" else "gguf", quant=quant, recipe=recipe
+        )
+        if max_quality_loss is not None:
+            _check_evaluable(request.target)
+
+
+def _check_bundle_name(bundle_name: str) -> None:
+    """The bundle's folder name (inside an archive too): one plain path component."""
+    if (
+        not bundle_name
+        or bundle_name in (".", "..")
+        or any(c in bundle_name for c in "/\\\0")
+        or clean_text(bundle_name, max_len=256) != bundle_name
+        or len(bundle_name.encode("utf-8")) > 200
+    ):
+        raise UnsupportedConversionError(
+            f"bundle name {clean_text(bundle_name)!r} is not a plain folder name",
+            hint="use letters, digits, '-', '_' and '.' (no '/', no '..')",
+        )
+
+
+def _check_evaluable(target: str) -> None:
+    from edgekit.errors import TargetUnavailableError
+    from edgekit.targets.availability import target_status
+    from edgekit.targets.catalog import BY_NAME
+
+    status = target_status(BY_NAME[target])
+    if not status.usable:
+        raise TargetUnavailableError(
+            f"--max-quality-loss evaluates each variant on its target, and {target} cannot "
+            f"run here: {status.detail}",
+            hint="install the target's extra, or pack without --max-quality-loss",
+        )
 
 
 def update_variant(bundle: str | Path, variant: str, **changes: Any) -> Manifest:
@@ -287,10 +395,7 @@ def update_variant(bundle: str | Path, variant: str, **changes: Any) -> Manifest
             replace(v, **changes) if v.name == variant else v for v in opened.manifest.variants
         ),
     )
-    path = opened.folder / MANIFEST_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(manifest.to_json())
-    os.replace(tmp, path)
+    write_atomic(opened.folder / MANIFEST_NAME, manifest.to_json())
     return manifest
 
 
@@ -334,7 +439,7 @@ def _formats(target: str) -> tuple[str, ...]:
     if target == "openvino":
         from edgekit.converters.openvino_convert import OPENVINO_FORMATS
 
-        return OPENVINO_FORMATS
+        return tuple(OPENVINO_FORMATS)
     from edgekit.converters.gguf_formats import GGUF_FORMATS
 
     return tuple(GGUF_FORMATS)
@@ -352,9 +457,17 @@ def _file_entries(bundle: Path, variant_dir: Path) -> tuple[FileEntry, ...]:
 
 def _tokenizer_info(entry: Path) -> TokenizerInfo:
     if entry.is_dir():  # an exported folder keeps the tokenizer's own JSON files
-        import json
+        from edgekit.errors import ConversionError
 
-        config = json.loads((entry / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config_file = entry / "tokenizer_config.json"
+        config = parse_json(
+            read_capped(config_file, max_bytes=64 << 20, error=ConversionError),
+            where=str(config_file),
+            max_bytes=64 << 20,
+            error=ConversionError,
+        )
+        if not isinstance(config, dict):
+            raise ConversionError(f"{config_file}: not a JSON object")
         template_file = entry / "chat_template.jinja"
         template = (
             template_file.read_text(encoding="utf-8")
@@ -416,23 +529,60 @@ def open_bundle(path: str | Path) -> OpenedBundle:
     if not path.exists():
         raise BundleNotFoundError(f"{path}: no such bundle")
     if path.is_file():
-        stat = path.stat()
-        key = hashlib.sha256(
-            f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
-        ).hexdigest()[:16]
-        dest = cache_folder() / key
-        existing = [p for p in dest.iterdir() if p.is_dir()] if dest.is_dir() else []
-        folder = (
-            existing[0] if len(existing) == 1 and (existing[0] / MANIFEST_NAME).is_file() else None
-        )
-        if folder is None:
-            with atomic_path(dest, force=True) as tmp:
-                extract_archive(path, tmp)
-            folder = next(p for p in dest.iterdir() if p.is_dir())
-        path = folder
-    if not (path / MANIFEST_NAME).is_file():
-        raise BundleNotFoundError(f"{path}: no {MANIFEST_NAME}, so this is not a bundle")
+        path = _extracted(path)
+    elif not path.is_dir():
+        raise BundleNotFoundError(f"{path}: neither a bundle folder nor a bundle archive")
     return OpenedBundle(folder=path, manifest=read_manifest(path))
+
+
+def _extracted(archive: Path) -> Path:
+    """The bundle folder of ``archive`` in the cache, extracted (safely) the first time.
+
+    The extraction goes into a private hidden folder and is renamed into place only when
+    the archive was accepted and its manifest read: a refused archive leaves nothing in
+    the cache. A cache entry that is not one real folder with a manifest is replaced.
+    """
+    st = archive.stat()
+    key = hashlib.sha256(
+        f"{archive.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    ).hexdigest()[:16]
+    dest = cache_folder() / key
+    cached = _cached_bundle(dest)
+    if cached is not None:
+        return cached
+    with work_dir(dest, "partial") as box:
+        if os.path.lexists(dest):  # a damaged entry: moved aside, removed with the box
+            os.rename(dest, box / "damaged")
+        staged = box / key
+        top = extract_archive(archive, staged)
+        read_manifest(top)
+        try:
+            os.rename(staged, dest)
+        except OSError:
+            if _cached_bundle(dest) is None:  # not another process's finished extraction
+                raise
+    folder = _cached_bundle(dest)
+    if folder is None:
+        raise BundleError(f"{archive}: the extracted bundle disappeared from {dest}")
+    return folder
+
+
+def _cached_bundle(dest: Path) -> Path | None:
+    """The bundle folder in a cache entry: exactly one real folder, holding a manifest."""
+    try:
+        if not stat.S_ISDIR(os.lstat(dest).st_mode):
+            return None
+        entries = list(os.scandir(dest))
+    except OSError:
+        return None
+    if len(entries) != 1 or not entries[0].is_dir(follow_symlinks=False):
+        return None
+    folder = Path(entries[0].path)
+    try:
+        manifest = os.lstat(folder / MANIFEST_NAME)
+    except OSError:
+        return None
+    return folder if stat.S_ISREG(manifest.st_mode) else None
 
 
 def verify_bundle(folder: Path, manifest: Manifest, *, checksums: bool = True) -> None:
@@ -445,21 +595,55 @@ def verify_bundle(folder: Path, manifest: Manifest, *, checksums: bool = True) -
 
 
 def verify_variants(folder: Path, variants: tuple[Variant, ...], *, checksums: bool) -> None:
-    """``verify_bundle`` for some variants only (a damaged variant nobody loads is no obstacle)."""
-    problems = []
+    """``verify_bundle`` for some variants only (a damaged variant nobody loads is no obstacle).
+
+    Every listed file must be a regular file inside the bundle, reached through real
+    folders (no symbolic link anywhere on its path), of the listed size (and checksum);
+    a variant whose entry is a folder must hold its listed files and nothing else.
+
+    Raises:
+        BundleIntegrityError: every problem found, listed.
+    """
+    problems: list[str] = []
     for variant in variants:
         for entry in variant.files:
-            f = folder / entry.path
-            if not f.is_file():
-                problems.append(f"{entry.path}: missing")
-            elif f.stat().st_size != entry.size:
-                problems.append(
-                    f"{entry.path}: {f.stat().st_size} bytes, the manifest says {entry.size}"
-                )
-            elif checksums and sha256_file(f) != entry.sha256:
-                problems.append(f"{entry.path}: sha256 differs from the manifest")
+            problem = _check_file(folder, entry, checksums=checksums)
+            if problem:
+                problems.append(f"{clean_text(entry.path)}: {problem}")
+        if variant.entry not in {f.path for f in variant.files}:
+            problems.extend(_check_folder_entry(folder, variant))
     if problems:
         raise BundleIntegrityError(f"{folder}: " + "; ".join(problems))
+
+
+def _check_file(folder: Path, entry: FileEntry, *, checksums: bool) -> str | None:
+    try:
+        fd = open_regular(folder, entry.path)
+    except UnsafePathError as exc:
+        return exc.reason
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != entry.size:
+            return f"{size} bytes, the manifest says {entry.size}"
+        if checksums and _sha256_of(f) != entry.sha256:
+            return "sha256 differs from the manifest"
+    return None
+
+
+def _check_folder_entry(folder: Path, variant: Variant) -> list[str]:
+    """A folder the target loads as a whole: nothing in it that was not verified."""
+    listed = {f.path for f in variant.files}
+    try:
+        found = walk_no_follow(folder, variant.entry)
+    except UnsafePathError as exc:
+        return [f"{clean_text(variant.entry)}: {exc.reason}"]
+    problems = []
+    for rel, mode in found:
+        if stat.S_ISDIR(mode) or rel in listed:
+            continue
+        what = kind_of(mode)
+        problems.append(f"{clean_text(rel)}: {what} in the variant's folder that is not listed")
+    return problems
 
 
 def variant_memory(

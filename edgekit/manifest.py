@@ -1,22 +1,34 @@
 """The bundle manifest: what a bundle holds, as frozen dataclasses and as JSON.
 
 The dataclasses are the schema (``docs/bundle.schema.json`` is the published JSON Schema
-of the same document; a test keeps the two in step). Reading rejects an unknown
-``schema_version`` and unknown keys.
+of the same document; a test keeps the two in step). A manifest comes from a file edgekit
+did not write, so reading it is strict: ``edgekit.untrusted.parse_json`` bounds its size
+and nesting and refuses repeated keys and NaN; then an unknown ``schema_version``,
+unknown or missing keys, wrong types, numbers out of range, repeated variant names, file
+paths that are not plain relative paths (absolute, ``..``, ``.``, empty components,
+backslashes, NUL) or listed twice, and a variant ``entry`` that is not one of the
+variant's listed files (or the folder holding them) are all refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.errors import BundleSchemaError
+from edgekit.errors import BundleIntegrityError, BundleNotFoundError, BundleSchemaError
+from edgekit.safe_files import UnsafePathError, open_regular, split_relative
 from edgekit.schema import build, dataclass_json_schema
+from edgekit.untrusted import clean_text, parse_json
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
+# A manifest is a few kilobytes (chat templates are the largest part); 16 MiB is plenty.
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_INT = (1 << 63) - 1  # sizes, counts, context lengths: anything larger is not real
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,39 +170,113 @@ class Manifest:
         return json.dumps(asdict(self), indent=2)
 
 
-def parse_manifest(text: str, where: str) -> Manifest:
+def parse_manifest(text: str | bytes, where: str) -> Manifest:
     """A Manifest from JSON text.
 
     Raises:
-        BundleSchemaError: invalid JSON, an unknown schema version, unknown or missing keys.
+        BundleSchemaError: see the module docstring; the message names the offending key.
     """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BundleSchemaError(f"{where}: not valid JSON ({exc})") from exc
+    data = parse_json(
+        text,
+        where=where,
+        max_bytes=MAX_MANIFEST_BYTES,
+        error=BundleSchemaError,
+        hint="the manifest is damaged or was not written by edgekit: pack the bundle again",
+    )
     version = data.get("schema_version") if isinstance(data, dict) else None
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION or isinstance(version, bool):
         raise BundleSchemaError(
-            f"{where}: manifest schema version {version!r} is not supported (this edgekit "
-            f"reads version {SCHEMA_VERSION})",
+            f"{where}: manifest schema version {clean_text(repr(version), max_len=40)} is not "
+            f"supported (this edgekit reads version {SCHEMA_VERSION})",
             hint="upgrade edgekit, or pack the bundle again with this version",
         )
+    _check_numbers(data, where)
     manifest = build(Manifest, data, where, BundleSchemaError)
     if not manifest.variants:
         raise BundleSchemaError(f"{where}: the bundle has no variants")
     names = [v.name for v in manifest.variants]
     if len(set(names)) != len(names):
-        raise BundleSchemaError(f"{where}: variant names repeat: {', '.join(names)}")
+        raise BundleSchemaError(f"{where}: variant names repeat: {clean_text(', '.join(names))}")
+    listed: set[str] = set()
     for v in manifest.variants:
         for f in v.files:
-            if f.path.startswith("/") or ".." in Path(f.path).parts:
-                raise BundleSchemaError(f"{where}: file path {f.path!r} leaves the bundle")
+            _check_path(f.path, f"{where}: variant {v.name}: file path", where)
+            if f.path in listed:
+                raise BundleSchemaError(
+                    f"{where}: file path {clean_text(f.path)!r} is listed twice"
+                )
+            listed.add(f.path)
+            if f.size < 0:
+                raise BundleSchemaError(f"{where}: {clean_text(f.path)!r} has size {f.size}")
+        _check_entry(v, where)
     return manifest
 
 
+def _check_path(path: str, what: str, where: str) -> None:
+    if "\\" in path:
+        raise BundleSchemaError(f"{what} {clean_text(path)!r} contains a backslash")
+    try:
+        split_relative(path)
+    except UnsafePathError:
+        raise BundleSchemaError(
+            f"{what} {clean_text(path)!r} leaves the bundle or is not a plain relative path "
+            "(absolute, '..', '.', an empty component or NUL)"
+        ) from None
+
+
+def _check_entry(variant: Variant, where: str) -> None:
+    """The file (or folder) a target loads must be what was verified: one of the
+    variant's own listed files, or the folder that holds them."""
+    entry = variant.entry
+    _check_path(entry, f"{where}: variant {variant.name}: entry", where)
+    paths = [f.path for f in variant.files]
+    if entry not in paths and not any(p.startswith(entry + "/") for p in paths):
+        raise BundleSchemaError(
+            f"{where}: variant {variant.name}: entry {clean_text(entry)!r} is not one of its "
+            "listed files (or the folder holding them)",
+            hint="the manifest was edited or damaged: pack the bundle again",
+        )
+
+
+def _check_numbers(data: Any, where: str) -> None:
+    """Every number within range (a 400-digit integer is valid JSON, and breaks the
+    arithmetic done on sizes and figures later). Iterative, with the key path."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, bool):
+            continue
+        elif isinstance(value, int) and not -MAX_INT <= value <= MAX_INT:
+            raise BundleSchemaError(f"{where}: {clean_text(path)}: the number is out of range")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise BundleSchemaError(f"{where}: {clean_text(path)}: not a finite number")
+
+
 def read_manifest(folder: Path) -> Manifest:
+    """The manifest of a bundle folder, read from a regular file inside it (never through
+    a link) and at most ``MAX_MANIFEST_BYTES``.
+
+    Raises:
+        BundleNotFoundError: no manifest.json in ``folder``.
+        BundleIntegrityError: manifest.json is a link or not a regular file.
+        BundleSchemaError: see ``parse_manifest``.
+    """
     path = folder / MANIFEST_NAME
-    return parse_manifest(path.read_text(encoding="utf-8"), str(path))
+    try:
+        fd = open_regular(folder, MANIFEST_NAME)
+    except UnsafePathError as exc:
+        if exc.reason == "missing":
+            raise BundleNotFoundError(
+                f"{folder}: no {MANIFEST_NAME}, so this is not a bundle"
+            ) from exc
+        raise BundleIntegrityError(f"{path} {exc.reason}") from exc
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    return parse_manifest(data, str(path))
 
 
 def json_schema() -> dict[str, Any]:
