@@ -5,15 +5,21 @@ structural facts that decide its tensor shapes (biases on q/k/v, q/k norms, fuse
 projections, extra norms). ``expected_tensors`` turns a config into the exact tensor list
 a checkpoint of that family holds: the planner uses it for models described only by a
 config, and the tests check it against real checkpoints.
+
+``dimensions_from_config`` and ``check_hf_tensors`` / ``check_gguf_tensors`` are the one
+validator of a model's structure: every number is bounded (``modelspec.LIMITS``) before
+anything is sized by it, and the tensors a file holds must agree with it.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from edgekit.errors import ModelFormatError, UnsupportedArchitectureError
-from edgekit.modelspec import TensorInfo
+from edgekit.modelspec import TensorInfo, check_structure, shown
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,38 +76,50 @@ FAMILIES: tuple[Family, ...] = (
 
 _BY_HF = {t: f for f in FAMILIES for t in f.hf_model_types}
 _BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_archs}
+CONFIG_HINT = "the config is incomplete, corrupt, or not a causal language model's"
+GGUF_HINT = "the file is corrupt or was not written for llama.cpp: convert the model again"
 
 
 def supported_names() -> str:
     return ", ".join(f.display for f in FAMILIES)
 
 
-def family_for_hf(model_type: str | None, architectures: list[str] | None = None) -> Family:
+def family_for_hf(model_type: object, architectures: object = None) -> Family:
     """The family of a Hugging Face config.
 
     Raises:
+        ModelFormatError: ``model_type`` is not a string.
         UnsupportedArchitectureError: the model_type is not in the table.
     """
+    if model_type is not None and not isinstance(model_type, str):
+        raise ModelFormatError(
+            f"config.json: model_type = {shown(model_type)} is not a string", hint=CONFIG_HINT
+        )
     family = _BY_HF.get(model_type or "")
     if family is None:
-        arch = ", ".join(architectures or []) or "no architectures field"
+        names = (
+            [a for a in architectures if isinstance(a, str)]
+            if isinstance(architectures, list)
+            else []
+        )
+        arch = ", ".join(shown(a, 60)[1:-1] for a in names[:4]) or "no architectures field"
         raise UnsupportedArchitectureError(
-            f"model_type {model_type!r} ({arch}) is not supported",
+            f"model_type {shown(model_type)} ({arch}) is not supported",
             hint=f"edgekit supports: {supported_names()}",
         )
     return family
 
 
-def family_for_gguf(arch: str | None) -> Family:
+def family_for_gguf(arch: object) -> Family:
     """The family of a GGUF ``general.architecture``.
 
     Raises:
         UnsupportedArchitectureError: the architecture is not in the table.
     """
-    family = _BY_GGUF.get(arch or "")
+    family = _BY_GGUF.get(arch) if isinstance(arch, str) else None
     if family is None:
         raise UnsupportedArchitectureError(
-            f"GGUF architecture {arch!r} is not supported",
+            f"GGUF architecture {shown(arch)} is not supported",
             hint=f"edgekit supports: {supported_names()}",
         )
     return family
@@ -109,7 +127,8 @@ def family_for_gguf(arch: str | None) -> Family:
 
 @dataclass(frozen=True, kw_only=True)
 class Dimensions:
-    """The structural numbers of a decoder-only transformer."""
+    """The structural numbers of a decoder-only transformer (validated: see
+    ``dimensions_from_config`` and ``inspection.spec_from_gguf``)."""
 
     layers: int
     hidden_size: int
@@ -133,98 +152,356 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+# Hugging Face config keys of each structural number.
+HF_NAMES = {
+    "layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "ffn_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "context_length": "max_position_embeddings",
+    "sliding_window": "sliding_window",
+}
+
+
 def dimensions_from_config(config: dict[str, Any], family: Family, where: str) -> Dimensions:
-    """Read the structural numbers from a Hugging Face config.
+    """Read and validate the structural numbers of a Hugging Face config.
 
     Raises:
-        ModelFormatError: a required key is missing or not a positive integer.
+        ModelFormatError: a required key is missing, a number is not an integer or not
+            plausible (``modelspec.LIMITS``), KV heads do not divide the heads, heads do
+            not divide the hidden size without an explicit head_dim, or a switch is not
+            a boolean.
     """
+    if "text_config" in config and not isinstance(config["text_config"], dict):
+        raise ModelFormatError(
+            f"{where}: text_config = {shown(config['text_config'])} is not an object",
+            hint=CONFIG_HINT,
+        )
     tc = text_config(config)
-
-    def need(key: str) -> int:
-        value = tc.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ModelFormatError(
-                f"{where}: config.json has no valid {key!r} (found {value!r})",
-                hint="the config is incomplete or not a causal language model's",
-            )
-        return value
-
-    hidden = need("hidden_size")
-    heads = need("num_attention_heads")
-    kv_heads = tc.get("num_key_value_heads") or heads
-    head_dim = tc.get("head_dim") or hidden // heads
     tied = tc.get("tie_word_embeddings")
     if tied is None:
         tied = family.tied_default
-    window = tc.get("sliding_window")
-    if family.sliding_window_flag and not tc.get(family.sliding_window_flag, False):
-        window = None
+    if not isinstance(tied, bool):
+        raise ModelFormatError(
+            f"{where}: tie_word_embeddings = {shown(tied)} is not true or false", hint=CONFIG_HINT
+        )
+    raw = {key: tc.get(name) for key, name in HF_NAMES.items()}
+    if family.sliding_window_flag:
+        switch = tc.get(family.sliding_window_flag)
+        if switch is not None and not isinstance(switch, bool):
+            raise ModelFormatError(
+                f"{where}: {family.sliding_window_flag} = {shown(switch)} is not true or false",
+                hint=CONFIG_HINT,
+            )
+        if not switch:
+            raw["sliding_window"] = None  # a window the model does not use
+    values = check_structure(raw, where=where, names=HF_NAMES, hint=CONFIG_HINT)
+    return _dimensions(values, tied=tied)
+
+
+def _dimensions(values: dict[str, int | None], *, tied: bool) -> Dimensions:
+    def get(key: str) -> int:
+        return int(values[key] or 0)  # check_structure filled every required key
+
     return Dimensions(
-        layers=need("num_hidden_layers"),
-        hidden_size=hidden,
-        heads=heads,
-        kv_heads=int(kv_heads),
-        head_dim=int(head_dim),
-        ffn_size=need("intermediate_size"),
-        vocab_size=need("vocab_size"),
-        context_length=need("max_position_embeddings"),
-        tied_embeddings=bool(tied),
-        sliding_window=int(window) if isinstance(window, int) and window > 0 else None,
+        layers=get("layers"),
+        hidden_size=get("hidden_size"),
+        heads=get("heads"),
+        kv_heads=get("kv_heads"),
+        head_dim=get("head_dim"),
+        ffn_size=get("ffn_size"),
+        vocab_size=get("vocab_size"),
+        context_length=get("context_length"),
+        tied_embeddings=tied,
+        sliding_window=values["sliding_window"],
     )
+
+
+def dimensions_from_values(values: dict[str, int | None], *, tied: bool) -> Dimensions:
+    """Dimensions from numbers ``check_structure`` returned (the GGUF reader's path)."""
+    return _dimensions(values, tied=tied)
 
 
 def expected_tensors(
     family: Family, dims: Dimensions, *, dtype: str = "BF16", itemsize: int = 2
 ) -> tuple[TensorInfo, ...]:
     """The tensors a Hugging Face checkpoint of this family and size holds, in HF names."""
-    h, hd, f = dims.hidden_size, dims.head_dim, dims.ffn_size
-    q, kv = dims.heads * hd, dims.kv_heads * hd
+    return tuple(
+        TensorInfo(name=n, shape=s, dtype=dtype, nbytes=_numel(s) * itemsize)
+        for n, s in _hf_shapes(family, dims)
+    )
+
+
+def _hf_shapes(family: Family, dims: Dimensions) -> list[tuple[str, tuple[int, ...]]]:
     shapes: list[tuple[str, tuple[int, ...]]] = [
-        ("model.embed_tokens.weight", (dims.vocab_size, h))
+        ("model.embed_tokens.weight", (dims.vocab_size, dims.hidden_size))
     ]
     for i in range(dims.layers):
-        p = f"model.layers.{i}."
-        if family.fused_projections:
-            shapes.append((p + "self_attn.qkv_proj.weight", (q + 2 * kv, h)))
-        else:
-            shapes += [
-                (p + "self_attn.q_proj.weight", (q, h)),
-                (p + "self_attn.k_proj.weight", (kv, h)),
-                (p + "self_attn.v_proj.weight", (kv, h)),
-            ]
-        if family.qkv_bias:
-            shapes += [
-                (p + "self_attn.q_proj.bias", (q,)),
-                (p + "self_attn.k_proj.bias", (kv,)),
-                (p + "self_attn.v_proj.bias", (kv,)),
-            ]
-        if family.qk_norm:
-            shapes += [
-                (p + "self_attn.q_norm.weight", (hd,)),
-                (p + "self_attn.k_norm.weight", (hd,)),
-            ]
-        shapes.append((p + "self_attn.o_proj.weight", (h, q)))
-        if family.fused_projections:
-            shapes.append((p + "mlp.gate_up_proj.weight", (2 * f, h)))
-        else:
-            shapes += [(p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h))]
-        shapes.append((p + "mlp.down_proj.weight", (h, f)))
-        shapes += [
-            (p + "input_layernorm.weight", (h,)),
-            (p + "post_attention_layernorm.weight", (h,)),
-        ]
-        if family.sandwich_norms:
-            shapes += [
-                (p + "pre_feedforward_layernorm.weight", (h,)),
-                (p + "post_feedforward_layernorm.weight", (h,)),
-            ]
-    shapes.append(("model.norm.weight", (h,)))
+        shapes += [(f"model.layers.{i}.{n}", s) for n, s in _hf_layer(family, dims)]
+    shapes.append(("model.norm.weight", (dims.hidden_size,)))
     if not dims.tied_embeddings:
-        shapes.append(("lm_head.weight", (dims.vocab_size, h)))
-    return tuple(
-        TensorInfo(name=n, shape=s, dtype=dtype, nbytes=_numel(s) * itemsize) for n, s in shapes
+        shapes.append(("lm_head.weight", (dims.vocab_size, dims.hidden_size)))
+    return shapes
+
+
+def _hf_layer(family: Family, dims: Dimensions) -> list[tuple[str, tuple[int, ...]]]:
+    """The tensors of one decoder layer, relative to ``model.layers.N.``."""
+    h, hd, f = dims.hidden_size, dims.head_dim, dims.ffn_size
+    q, kv = dims.heads * hd, dims.kv_heads * hd
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+    if family.fused_projections:
+        shapes.append(("self_attn.qkv_proj.weight", (q + 2 * kv, h)))
+    else:
+        shapes += [
+            ("self_attn.q_proj.weight", (q, h)),
+            ("self_attn.k_proj.weight", (kv, h)),
+            ("self_attn.v_proj.weight", (kv, h)),
+        ]
+    if family.qkv_bias:
+        shapes += [
+            ("self_attn.q_proj.bias", (q,)),
+            ("self_attn.k_proj.bias", (kv,)),
+            ("self_attn.v_proj.bias", (kv,)),
+        ]
+    if family.qk_norm:
+        shapes += [("self_attn.q_norm.weight", (hd,)), ("self_attn.k_norm.weight", (hd,))]
+    shapes.append(("self_attn.o_proj.weight", (h, q)))
+    if family.fused_projections:
+        shapes.append(("mlp.gate_up_proj.weight", (2 * f, h)))
+    else:
+        shapes += [("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h))]
+    shapes.append(("mlp.down_proj.weight", (h, f)))
+    shapes += [("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
+    if family.sandwich_norms:
+        shapes += [
+            ("pre_feedforward_layernorm.weight", (h,)),
+            ("post_feedforward_layernorm.weight", (h,)),
+        ]
+    return shapes
+
+
+def _gguf_layer(family: Family, dims: Dimensions, *, kv_known: bool) -> dict[str, tuple[int, ...]]:
+    """The shape of every GGUF block tensor llama.cpp names, relative to ``blk.N.``
+    (PyTorch order). K/V shapes are left out when the KV heads vary by layer."""
+    h, hd, f = dims.hidden_size, dims.head_dim, dims.ffn_size
+    q, kv = dims.heads * hd, dims.kv_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "attn_norm.weight": (h,),
+        "attn_q.weight": (q, h),
+        "attn_q.bias": (q,),
+        "attn_output.weight": (h, q),
+        "attn_q_norm.weight": (hd,),
+        "attn_k_norm.weight": (hd,),
+        "ffn_norm.weight": (h,),
+        "post_attention_norm.weight": (h,),
+        "post_ffw_norm.weight": (h,),
+        "ffn_gate.weight": (f, h),
+        # Phi-3 keeps gate and up fused in one ffn_up of twice the width.
+        "ffn_up.weight": (2 * f if family.fused_projections else f, h),
+        "ffn_down.weight": (h, f),
+    }
+    if kv_known:
+        shapes.update(
+            {
+                "attn_k.weight": (kv, h),
+                "attn_v.weight": (kv, h),
+                "attn_k.bias": (kv,),
+                "attn_v.bias": (kv,),
+                "attn_qkv.weight": (q + 2 * kv, h),
+            }
+        )
+    return shapes
+
+
+_LAYER = re.compile(r"layers\.([^.]*)\.")
+_BLOCK = re.compile(r"blk\.([^.]*)\.")
+
+
+def _layer_index(index: str, layers: int) -> int | None:
+    """A canonical decimal index below ``layers``, else None."""
+    if not index.isdigit() or index != str(int(index)) or int(index) >= layers:
+        return None
+    return int(index)
+
+
+def _listed(names: Iterable[str], n: int = 4) -> str:
+    items = list(names)
+    text = ", ".join(shown(x, 90)[1:-1] for x in items[:n])
+    return text + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _check_layers(
+    tensors: tuple[TensorInfo, ...],
+    *,
+    prefix: str,
+    pattern: re.Pattern[str],
+    word: str,
+    layers: int,
+    where: str,
+    count_key: str,
+    hint: str,
+) -> None:
+    """Every tensor under ``prefix`` + layers/blk must be in a layer below ``layers``,
+    and every layer must hold at least one tensor."""
+    seen: set[int] = set()
+    for t in tensors:
+        if not t.name.startswith(prefix):
+            continue
+        m = pattern.match(t.name, len(prefix))
+        if m is None:
+            continue
+        index = _layer_index(m.group(1), layers)
+        if index is None:
+            raise ModelFormatError(
+                f"{where}: tensor {shown(t.name, 90)} is in a layer the model does not have "
+                f"({count_key} = {layers}: layers 0 to {layers - 1})",
+                hint=hint,
+            )
+        seen.add(index)
+    missing = [i for i in range(layers) if i not in seen]
+    if missing:
+        raise ModelFormatError(
+            f"{where}: {count_key} = {layers}, but no tensor is in layer "
+            f"{', '.join(f'{prefix}{word}.{i}' for i in missing[:4])}"
+            + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""),
+            hint=hint,
+        )
+
+
+def _check_shapes(
+    tensors: tuple[TensorInfo, ...], expected: dict[str, tuple[int, ...]], where: str, hint: str
+) -> None:
+    for t in tensors:
+        want = expected.get(t.name)
+        if want is not None and t.shape != want:
+            raise ModelFormatError(
+                f"{where}: tensor {shown(t.name, 90)} has shape {list(t.shape)}, but the "
+                f"model's dimensions make it {list(want)}",
+                hint=hint,
+            )
+
+
+def _check_unique(tensors: tuple[TensorInfo, ...], where: str, hint: str) -> None:
+    seen: set[str] = set()
+    for t in tensors:
+        if t.name in seen:
+            raise ModelFormatError(f"{where}: tensor {shown(t.name, 90)} appears twice", hint=hint)
+        seen.add(t.name)
+
+
+def _hf_prefix(names: set[str], where: str) -> str:
+    """Where the language model's tensors live: ``model.`` for a text checkpoint;
+    ``language_model.model.`` or ``model.language_model.`` beside a vision tower."""
+    if "model.embed_tokens.weight" in names:
+        return "model."
+    found = sorted(
+        n[: -len("embed_tokens.weight")] for n in names if n.endswith(".embed_tokens.weight")
     )
+    if len(found) == 1:
+        return found[0]
+    raise ModelFormatError(
+        f"{where}: "
+        + (
+            "no token embedding (model.embed_tokens.weight) among the tensors"
+            if not found
+            else f"several token embeddings ({_listed(found)}embed_tokens.weight)"
+        ),
+        hint="the weights are incomplete or not a causal language model's",
+    )
+
+
+def check_hf_tensors(
+    family: Family,
+    dims: Dimensions,
+    tensors: tuple[TensorInfo, ...],
+    *,
+    where: str,
+    quantized: bool = False,
+) -> None:
+    """The tensors of a Hugging Face checkpoint must match its config: one embedding,
+    layers 0..num_hidden_layers-1 and no others, every tensor of the family's layout
+    with the shape the config implies (a pre-quantized checkpoint stores its projections
+    in other tensors: only its layers and embedding are checked). Tensors outside the
+    language model's layers (a vision tower, an adapter) are left to the converters.
+
+    Raises:
+        ModelFormatError: a duplicate, a missing or extra layer, a missing tensor, or a
+            shape that disagrees with the config.
+    """
+    hint = "the weights do not belong to this config.json, or a shard is corrupt"
+    _check_unique(tensors, where, hint)
+    names = {t.name for t in tensors}
+    prefix = _hf_prefix(names, where)
+    _check_layers(
+        tensors,
+        prefix=prefix,
+        pattern=_LAYER,
+        word="layers",
+        layers=dims.layers,
+        where=where,
+        count_key="num_hidden_layers",
+        hint=hint,
+    )
+    embedding = prefix + "embed_tokens.weight"
+    if quantized:
+        _check_shapes(tensors, {embedding: (dims.vocab_size, dims.hidden_size)}, where, hint)
+        return
+    expected = {
+        (prefix + n[len("model.") :] if n.startswith("model.") else n): s
+        for n, s in _hf_shapes(family, dims)
+    }
+    # A tied checkpoint may still store the output projection: it must fit, if present.
+    optional = {"lm_head.weight": (dims.vocab_size, dims.hidden_size)}
+    _check_shapes(tensors, {**optional, **expected}, where, hint)
+    missing = [n for n in expected if n not in names]
+    if missing:
+        raise ModelFormatError(f"{where}: missing tensors: {_listed(missing)}", hint=hint)
+
+
+def check_gguf_tensors(
+    family: Family,
+    dims: Dimensions,
+    tensors: tuple[TensorInfo, ...],
+    *,
+    where: str,
+    kv_known: bool = True,
+) -> None:
+    """The tensors of a GGUF file must match its metadata: token_embd, blocks
+    0..block_count-1 and no others, and every tensor llama.cpp names with the shape the
+    metadata implies.
+
+    Raises:
+        ModelFormatError: a duplicate, no token embedding, a missing or extra block, or a
+            shape that disagrees with the metadata.
+    """
+    hint = GGUF_HINT
+    _check_unique(tensors, where, hint)
+    if not any(t.name == "token_embd.weight" for t in tensors):
+        raise ModelFormatError(f"{where}: no token_embd.weight among the tensors", hint=hint)
+    _check_layers(
+        tensors,
+        prefix="",
+        pattern=_BLOCK,
+        word="blk",
+        layers=dims.layers,
+        where=where,
+        count_key="block_count",
+        hint=hint,
+    )
+    per_block = _gguf_layer(family, dims, kv_known=kv_known)
+    expected = {
+        "token_embd.weight": (dims.vocab_size, dims.hidden_size),
+        "output.weight": (dims.vocab_size, dims.hidden_size),
+        "output_norm.weight": (dims.hidden_size,),
+    }
+    for t in tensors:
+        m = _BLOCK.match(t.name)
+        if m is not None and t.name[m.end() :] in per_block:
+            expected[t.name] = per_block[t.name[m.end() :]]
+    _check_shapes(tensors, expected, where, hint)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -1,27 +1,45 @@
-"""inspect_model: a ModelSpec from a Hugging Face folder or a GGUF file, weights untouched."""
+"""inspect_model: a ModelSpec from a Hugging Face folder or a GGUF file, weights untouched.
+
+This is the one reader of model structure: the planner, the converters and ``pack`` all
+take the ModelSpec it returns, validated (``modelspec.check_structure``, the tensor-set
+checks of ``architectures``), so that no number a hostile file claims reaches code that
+sizes anything by it. Every file read in a model folder goes through
+``safetensors_header.model_file`` (plain names, no links out of the folder, regular files
+only) and every JSON document through ``edgekit.untrusted.parse_json``.
+"""
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from edgekit.architectures import (
+    CONFIG_HINT,
+    GGUF_HINT,
     Dimensions,
     Family,
+    check_gguf_tensors,
+    check_hf_tensors,
     dimensions_from_config,
+    dimensions_from_values,
     expected_tensors,
     family_for_gguf,
     family_for_hf,
     text_config,
 )
-from edgekit.errors import ModelFormatError, ModelNotFoundError, UnsafeModelError
+from edgekit.errors import ModelError, ModelFormatError, ModelNotFoundError, UnsafeModelError
 from edgekit.ggml_types import LLAMA_FILE_TYPES
 from edgekit.gguf_header import GGUF_MAGIC, GGUFHeader, read_gguf_header
-from edgekit.modelspec import ModelSpec, TensorInfo
-from edgekit.safetensors_header import read_folder_tensors, safetensors_files
+from edgekit.modelspec import ModelSpec, TensorInfo, check_structure, shown
+from edgekit.safetensors_header import (
+    model_file,
+    read_folder_tensors,
+    read_small,
+    safetensors_files,
+)
+from edgekit.untrusted import parse_json
 
 # Checkpoints that can only be read by unpickling.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -32,6 +50,8 @@ _GGUF_TOKENIZERS = {"gpt2": "bpe-byte-level", "llama": "sentencepiece"}
 # type sit near the start once the added tokens are past; stop after this much.
 _TOKENIZER_SCAN_LIMIT = 64 << 20
 _MODEL_TYPE = re.compile(rb'"model"\s*:\s*\{\s*"type"\s*:\s*"(\w+)"')
+MAX_CONFIG = 4 << 20  # config.json: real ones are a few KB
+MAX_TOKENIZER_CONFIG = 64 << 20  # tokenizer_config.json may list every added token
 
 
 def inspect_model(path: str | Path) -> ModelSpec:
@@ -42,16 +62,25 @@ def inspect_model(path: str | Path) -> ModelSpec:
 
     Raises:
         ModelNotFoundError: nothing at ``path``, or a folder without a model in it.
-        ModelFormatError: a corrupt, truncated or empty file, or an invalid config.
+        ModelFormatError: a corrupt, truncated, empty or implausible file or config, a
+            file outside the model folder, or tensors that disagree with the config.
         UnsafeModelError: the weights exist only as pickle checkpoints.
         UnsupportedArchitectureError: the family is not in edgekit's table.
     """
+    if "\x00" in str(path):
+        raise ModelNotFoundError(f"{shown(str(path))}: a path cannot contain a NUL byte")
     p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelNotFoundError(f"{p}: no such file or folder")
-    if p.is_dir():
-        return _inspect_folder(p)
-    return _inspect_file(p)
+    try:
+        if not p.exists():
+            raise ModelNotFoundError(f"{p}: no such file or folder")
+        if p.is_dir():
+            return _inspect_folder(p)
+        return _inspect_file(p)
+    except ModelError:
+        raise
+    except OSError as exc:
+        # A name too long, a permission denied, an I/O error: the file cannot be read.
+        raise ModelFormatError(f"{p}: cannot be read ({exc.strerror or exc})") from exc
 
 
 def _inspect_file(p: Path) -> ModelSpec:
@@ -65,6 +94,8 @@ def _inspect_file(p: Path) -> ModelSpec:
             f"{p}: a safetensors file alone has no config",
             hint=f"pass the folder that holds it and its config.json: {p.parent}",
         )
+    if not p.is_file():
+        raise ModelFormatError(f"{p}: not a regular file", hint="pass a .gguf file")
     if p.stat().st_size == 0:
         raise ModelFormatError(f"{p}: the file is empty")
     with p.open("rb") as f:
@@ -78,13 +109,12 @@ def _inspect_file(p: Path) -> ModelSpec:
 
 
 def _inspect_folder(p: Path) -> ModelSpec:
-    config_path = p / "config.json"
-    if not config_path.is_file():
+    if not (p / "config.json").exists() and not (p / "config.json").is_symlink():
         ggufs = sorted(p.glob("*.gguf"))
         if len(ggufs) == 1:
-            return _inspect_file(ggufs[0])
+            return _inspect_file(model_file(p, ggufs[0].name))
         if ggufs:
-            names = ", ".join(g.name for g in ggufs)
+            names = ", ".join(shown(g.name, 60) for g in ggufs[:6])
             raise ModelNotFoundError(
                 f"{p}: holds several GGUF files ({names})", hint="pass one of them"
             )
@@ -92,9 +122,10 @@ def _inspect_folder(p: Path) -> ModelSpec:
             f"{p}: no config.json, so this is not a Hugging Face model folder",
             hint="pass a folder with config.json and *.safetensors, or a .gguf file",
         )
-    config = _read_config(config_path)
+    config = read_config(p)
     family = family_for_hf(config.get("model_type"), config.get("architectures"))
-    dims = dimensions_from_config(config, family, str(config_path))
+    where = str(p / "config.json")
+    dims = dimensions_from_config(config, family, where)
 
     files = safetensors_files(p)
     if not files:
@@ -106,12 +137,16 @@ def _inspect_folder(p: Path) -> ModelSpec:
         )
         if pickles:
             raise UnsafeModelError(
-                f"{p}: the weights are pickle checkpoints only ({', '.join(pickles)}); "
+                f"{p}: the weights are pickle checkpoints only "
+                f"({', '.join(shown(n, 60) for n in pickles[:6])}); "
                 "edgekit does not load them, because unpickling runs arbitrary code"
             )
         return _spec_from_config_only(p, config, family, dims)
 
     tensors = read_folder_tensors(p)
+    tc = text_config(config)
+    quantized = "quantization_config" in config or "quantization_config" in tc
+    check_hf_tensors(family, dims, tensors, where=str(p), quantized=quantized)
     parameters = _count_parameters(tensors, dims.tied_embeddings, lm_head="lm_head.weight")
     by_bytes: Counter[str] = Counter()
     for t in tensors:
@@ -121,7 +156,7 @@ def _inspect_folder(p: Path) -> ModelSpec:
         format="hf",
         family=family.key,
         architecture=_hf_architecture(config),
-        name=config.get("_name_or_path") or p.name,
+        name=_hf_name(config, p),
         parameters=parameters,
         parameters_source="tensors",
         **_dims_fields(dims),
@@ -146,7 +181,7 @@ def _spec_from_config_only(
         format="hf",
         family=family.key,
         architecture=_hf_architecture(config),
-        name=config.get("_name_or_path") or p.name,
+        name=_hf_name(config, p),
         parameters=sum(t.numel for t in tensors),
         parameters_source="config",
         **_dims_fields(dims),
@@ -160,52 +195,46 @@ def _spec_from_config_only(
 
 
 def spec_from_gguf(header: GGUFHeader) -> ModelSpec:
-    """A ModelSpec from a parsed GGUF header.
+    """A validated ModelSpec from a parsed GGUF header (``read_gguf_header`` has checked
+    every key's type; this checks the values and the tensors against them).
 
     Raises:
         UnsupportedArchitectureError: ``general.architecture`` is not in edgekit's table.
-        ModelFormatError: a key llama.cpp itself requires is missing.
+        ModelFormatError: a key llama.cpp itself requires is missing, a structural number
+            is implausible or inconsistent, or the tensors disagree with the metadata.
     """
     arch = header.get("general.architecture")
     family = family_for_gguf(arch)
-
-    def need(key: str) -> int:
-        value = header.get(f"{arch}.{key}")
-        if not isinstance(value, int) or value <= 0:
-            raise ModelFormatError(
-                f"{header.path}: GGUF metadata lacks {arch}.{key} (llama.cpp cannot load it)"
-            )
-        return value
-
-    hidden = need("embedding_length")
-    heads = need("attention.head_count")
-    kv_heads = header.get(f"{arch}.attention.head_count_kv", heads)
-    if isinstance(kv_heads, list):  # per-layer counts (some hybrid models): take the max
-        kv_heads = max(kv_heads)
-    head_dim = header.get(f"{arch}.attention.key_length") or hidden // heads
-    vocab = header.get(f"{arch}.vocab_size") or header.array_length("tokenizer.ggml.tokens") or 0
-    names = {t.name for t in header.tensors}
-    tied = "output.weight" not in names
-    window = header.get(f"{arch}.attention.sliding_window")
-    file_type = header.get("general.file_type")
-    dims = Dimensions(
-        layers=need("block_count"),
-        hidden_size=hidden,
-        heads=heads,
-        kv_heads=int(kv_heads),
-        head_dim=int(head_dim),
-        ffn_size=need("feed_forward_length"),
-        vocab_size=int(vocab),
-        context_length=need("context_length"),
-        tied_embeddings=tied,
-        sliding_window=int(window) if isinstance(window, int) and window > 0 else None,
-    )
+    where = str(header.path)
+    names = {
+        "layers": f"{arch}.block_count",
+        "hidden_size": f"{arch}.embedding_length",
+        "heads": f"{arch}.attention.head_count",
+        "kv_heads": f"{arch}.attention.head_count_kv",
+        "head_dim": f"{arch}.attention.key_length",
+        "ffn_size": f"{arch}.feed_forward_length",
+        "vocab_size": "the vocabulary size (tokenizer.ggml.tokens)",
+        "context_length": f"{arch}.context_length",
+        "sliding_window": f"{arch}.attention.sliding_window",
+    }
+    raw: dict[str, object] = {key: header.get(name) for key, name in names.items()}
+    raw["vocab_size"] = _gguf_vocab(header, str(arch), where)
+    kv = raw["kv_heads"]
+    kv_known = True
+    if isinstance(kv, list):  # per-layer counts (some hybrid models): check each, take the max
+        kv, kv_known = _per_layer_kv(kv, raw["layers"], names["kv_heads"], where)
+        raw["kv_heads"] = kv
+    values = check_structure(raw, where=where, names=names, hint=GGUF_HINT)
+    tied = not any(t.name == "output.weight" for t in header.tensors)
+    dims = dimensions_from_values(values, tied=tied)
+    check_gguf_tensors(family, dims, header.tensors, where=where, kv_known=kv_known)
     by_bytes: Counter[str] = Counter()
     for t in header.tensors:
         by_bytes[t.dtype] += t.nbytes
     tokenizer_model = header.get("tokenizer.ggml.model")
+    file_type = header.get("general.file_type")
     return ModelSpec(
-        path=str(header.path),
+        path=where,
         format="gguf",
         family=family.key,
         architecture=str(arch),
@@ -215,13 +244,45 @@ def spec_from_gguf(header: GGUFHeader) -> ModelSpec:
         **_dims_fields(dims),
         tokenizer=_GGUF_TOKENIZERS.get(tokenizer_model, tokenizer_model),
         chat_template="tokenizer.chat_template" in header.metadata,
-        dtype=LLAMA_FILE_TYPES.get(file_type, by_bytes.most_common(1)[0][0])
-        if header.tensors
-        else "unknown",
+        dtype=LLAMA_FILE_TYPES.get(file_type, by_bytes.most_common(1)[0][0]),
         file_type=LLAMA_FILE_TYPES.get(file_type) if isinstance(file_type, int) else None,
         weight_bytes=sum(t.nbytes for t in header.tensors),
         tensors=header.tensors,
     )
+
+
+def _gguf_vocab(header: GGUFHeader, arch: str, where: str) -> int | None:
+    """The vocabulary size: ``{arch}.vocab_size`` and the token list must agree (llama.cpp
+    sizes the embedding by the token list)."""
+    declared = header.get(f"{arch}.vocab_size")
+    tokens = header.array_length("tokenizer.ggml.tokens")
+    if declared is not None and tokens is not None and declared != tokens:
+        raise ModelFormatError(
+            f"{where}: {arch}.vocab_size = {shown(declared)} but tokenizer.ggml.tokens has "
+            f"{tokens:,} tokens: the vocabulary sizes disagree",
+            hint=GGUF_HINT,
+        )
+    value = declared if declared is not None else tokens
+    return int(value) if isinstance(value, int) else None
+
+
+def _per_layer_kv(
+    counts: list[Any], layers: object, key: str, where: str
+) -> tuple[int | None, bool]:
+    """The largest per-layer KV head count, and whether every layer has the same."""
+    if isinstance(layers, int) and len(counts) != layers:
+        raise ModelFormatError(
+            f"{where}: {key} lists {len(counts):,} layers, but there are {shown(layers)}",
+            hint=GGUF_HINT,
+        )
+    if not counts:
+        return None, True
+    for c in counts:
+        if not isinstance(c, int) or not 1 <= c <= 1024:
+            raise ModelFormatError(
+                f"{where}: {key} holds {shown(c)}, not a plausible KV head count", hint=GGUF_HINT
+            )
+    return max(counts), len(set(counts)) == 1
 
 
 def _count_parameters(tensors: tuple[TensorInfo, ...], tied: bool, *, lm_head: str) -> int:
@@ -244,26 +305,52 @@ def _dims_fields(d: Dimensions) -> dict[str, Any]:
     }
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFormatError(f"{path}: not valid JSON ({exc})") from exc
+def read_config(folder: Path) -> dict[str, Any]:
+    """A model folder's config.json, read as untrusted: a regular file inside the folder,
+    at most 4 MiB, strict JSON (bounded depth, no repeated keys, no NaN), an object.
+
+    Converters that need the config's other keys read it here, so they see exactly what
+    inspection validated.
+
+    Raises:
+        ModelFormatError: any of the above does not hold.
+    """
+    path = model_file(folder, "config.json")
+    config = parse_json(
+        read_small(path, MAX_CONFIG),
+        where=str(path),
+        max_bytes=MAX_CONFIG,
+        error=ModelFormatError,
+        hint=CONFIG_HINT,
+    )
     if not isinstance(config, dict):
-        raise ModelFormatError(f"{path}: not a JSON object")
+        raise ModelFormatError(f"{path}: not a JSON object", hint=CONFIG_HINT)
     return config
+
+
+def _hf_name(config: dict[str, Any], folder: Path) -> str:
+    name = config.get("_name_or_path")
+    return name if isinstance(name, str) and name else folder.name
 
 
 def _hf_architecture(config: dict[str, Any]) -> str:
     archs = config.get("architectures")
-    if isinstance(archs, list) and archs:
-        return str(archs[0])
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
     return str(config.get("model_type"))
 
 
+def _optional_file(folder: Path, name: str) -> Path | None:
+    """``folder / name`` checked by ``model_file`` when it exists (or is a link)."""
+    p = folder / name
+    if not p.exists() and not p.is_symlink():
+        return None
+    return model_file(folder, name)
+
+
 def _hf_tokenizer_kind(folder: Path) -> str | None:
-    tj = folder / "tokenizer.json"
-    if tj.is_file():
+    tj = _optional_file(folder, "tokenizer.json")
+    if tj is not None:
         head = bytearray()
         match = None
         with tj.open("rb") as f:
@@ -287,10 +374,17 @@ def _hf_tokenizer_kind(folder: Path) -> str | None:
 def _hf_has_chat_template(folder: Path) -> bool:
     if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
         return True
-    tc = folder / "tokenizer_config.json"
-    if tc.is_file():
-        try:
-            return bool(json.loads(tc.read_text(encoding="utf-8")).get("chat_template"))
-        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            return False
-    return False
+    tc = _optional_file(folder, "tokenizer_config.json")
+    if tc is None:
+        return False
+    hint = "the tokenizer files are corrupt: export the tokenizer again"
+    data = parse_json(
+        read_small(tc, MAX_TOKENIZER_CONFIG),
+        where=str(tc),
+        max_bytes=MAX_TOKENIZER_CONFIG,
+        error=ModelFormatError,
+        hint=hint,
+    )
+    if not isinstance(data, dict):
+        raise ModelFormatError(f"{tc}: not a JSON object", hint=hint)
+    return bool(data.get("chat_template"))

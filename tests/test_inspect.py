@@ -339,7 +339,7 @@ BAD_INPUT = {
     case_unsupported_architecture: (UnsupportedArchitectureError, "bert"),
     case_safetensors_header_truncated: (ModelFormatError, "truncated"),
     case_safetensors_data_truncated: (ModelFormatError, "truncated"),
-    case_safetensors_corrupt_header: (ModelFormatError, "not JSON"),
+    case_safetensors_corrupt_header: (ModelFormatError, "not valid JSON"),
     case_safetensors_huge_header_length: (ModelFormatError, "corrupt or truncated"),
     case_safetensors_empty: (ModelFormatError, "empty"),
     case_shard_missing: (ModelFormatError, "missing"),
