@@ -428,16 +428,19 @@ def load_result(path: str | Path) -> BenchResult:
     Raises:
         SchemaError: not a bench result of a known version.
     """
-    import json
-
     from edgekit.errors import SchemaError
+    from edgekit.safe_files import read_capped
     from edgekit.schema import build
+    from edgekit.untrusted import parse_json
 
     p = Path(path)
+    # A result holds a few hundred numbers: 16 MiB is far above any real one.
+    limit = 16 * 2**20
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SchemaError(f"{p}: cannot read a bench result ({exc})") from exc
+        raw = read_capped(p, max_bytes=limit, error=SchemaError)
+    except FileNotFoundError as exc:
+        raise SchemaError(f"{p}: no such bench result") from exc
+    data = parse_json(raw, where=str(p), max_bytes=limit, error=SchemaError)
     if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
         raise SchemaError(f"{p}: not a bench result of schema version {SCHEMA_VERSION}")
     return build(BenchResult, data, str(p), SchemaError)
