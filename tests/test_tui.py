@@ -86,9 +86,10 @@ async def test_device_tab_shows_the_probe_and_sets_the_plan_device(tmp_path: Pat
         summary = text(app, "#host-summary")
         assert "16.0 GiB total" in summary and "(estimated)" in summary
         sensors = app.query_one("#sensors", DataTable)
-        rows = [sensors.get_row_at(i) for i in range(sensors.row_count)]
-        assert ["battery", "measured", "/sys/class/power_supply/BAT0"] in [list(r) for r in rows]
-        assert ["rapl", "unavailable", "no powercap RAPL zones"] in [list(r) for r in rows]
+        # cells that hold names are Text (never read as markup): compare what they show
+        rows = [[str(c) for c in sensors.get_row_at(i)] for i in range(sensors.row_count)]
+        assert ["battery", "measured", "/sys/class/power_supply/BAT0"] in rows
+        assert ["rapl", "unavailable", "no powercap RAPL zones"] in rows
         # choosing another device re-plans for it
         app.query_one("#device-select").value = "jetson-orin-nano-super"  # type: ignore[attr-defined]
         await wait_for(pilot, lambda: "Jetson Orin Nano" in text(app, "#plan-summary"))

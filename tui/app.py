@@ -18,12 +18,14 @@ from edgekit.tui.chat import ChatPane
 from edgekit.tui.compare import ComparePane
 from edgekit.tui.device import DevicePane
 from edgekit.tui.plan import PlanPane
+from edgekit.tui.shown import TEXT_MAX
 from edgekit.tui.sources import Sources
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Header, Input, TabbedContent, TabPane
 
 from edgekit.errors import EdgekitError
+from edgekit.untrusted import clean_text
 
 
 class EdgekitApp(App[None]):
@@ -96,15 +98,22 @@ class EdgekitApp(App[None]):
 
     def result_saved(self, path: Path) -> None:
         self.query_one(ComparePane).reload()
-        self.notify(f"saved {path}", title="bench")
+        self.say(f"saved {path}", title="bench")
+
+    def say(self, message: str, **kwargs: Any) -> None:
+        """A notification whose message may hold names and paths from files: cleaned of
+        control characters and shown as plain text, never read as markup."""
+        self.notify(clean_text(message, max_len=TEXT_MAX), markup=False, **kwargs)
 
     def report(self, exc: BaseException, *, title: str) -> None:
         """An error as a notification: the message and, for edgekit errors, the hint."""
         if isinstance(exc, EdgekitError):
-            text = exc.message + (f"\nhint: {exc.hint}" if exc.hint else "")
+            lines = [exc.message] + ([f"hint: {exc.hint}"] if exc.hint else [])
         else:
-            text = f"{type(exc).__name__}: {exc}"
-        self.notify(text, title=title, severity="error", timeout=10)
+            lines = [f"{type(exc).__name__}: {exc}"]
+        # each line cleaned on its own: the line break before the hint is the app's
+        text = "\n".join(clean_text(line, max_len=TEXT_MAX) for line in lines)
+        self.notify(text, title=title, severity="error", timeout=10, markup=False)
 
 
 def run_app(sources: Sources, **kwargs: Any) -> None:

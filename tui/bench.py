@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from rich.markup import escape
+from edgekit.tui.shown import cell, content, plain
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -81,10 +81,16 @@ class BenchPane(Vertical):
             self.edgekit.report(exc, title="bundle")
             return
         names = [v.name for v in opened.manifest.variants]
-        select.set_options([(n, n) for n in names])
+        select.set_options([(cell(n), n) for n in names])
         select.value = names[0]
+        # the manifest's names are data: inserted as plain text
         info.update(
-            f"[b]{escape(opened.manifest.name)}[/b] ({escape(str(bundle))}): {', '.join(names)}"
+            content(
+                "[b]$name[/b] ($path): $variants",
+                name=opened.manifest.name,
+                path=bundle,
+                variants=", ".join(names),
+            )
         )
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
@@ -100,7 +106,7 @@ class BenchPane(Vertical):
             return
         bundle = self.edgekit.sources.bundle
         if bundle is None:
-            self.app.notify("no bundle to measure: pack one first", severity="warning")
+            self.edgekit.say("no bundle to measure: pack one first", severity="warning")
             return
         variant = self.query_one("#bench-variant", Select).value
         self._stop_event.clear()
@@ -137,8 +143,9 @@ class BenchPane(Vertical):
             self.app.call_from_thread(self.finished, None, "failed")
             return
         path = self.save(result)
-        self.app.call_from_thread(self.finished, result, f"done: {path.name}")
+        # Compare has the result before the status says done
         self.app.call_from_thread(self.edgekit.result_saved, path)
+        self.app.call_from_thread(self.finished, result, f"done: {path.name}")
 
     def save(self, result: BenchResult) -> Path:
         """Keep the result for the Compare tab (and feed the planner's calibration)."""
@@ -149,7 +156,7 @@ class BenchPane(Vertical):
         folder = self.edgekit.sources.results
         folder.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        path = folder / f"{stamp}-{result.variant}.json"
+        path = folder / f"{stamp}-{_file_name(result.variant)}.json"
         path.write_text(json.dumps(result.to_dict(), indent=2))
         try:
             record_bench(result, probe_host().profile)
@@ -191,8 +198,15 @@ class BenchPane(Vertical):
 
     def redraw(self) -> None:
         order = ("status", "step", "TTFT", "prefill", "decode", "memory", "power")
-        text = "   ".join(f"[b]{k}[/b] {self.stats[k]}" for k in order if k in self.stats)
-        self.query_one("#bench-stats", Static).update(text or "press r to run the benchmark")
+        shown = [k for k in order if k in self.stats]
+        # a step's detail names a variant or a file: each value is plain text
+        stats = content(
+            "   ".join(f"[b]{k}[/b] ${k.lower()}" for k in shown),
+            **{k.lower(): self.stats[k] for k in shown},
+        )
+        self.query_one("#bench-stats", Static).update(
+            stats if shown else plain("press r to run the benchmark")
+        )
         for widget_id, series, title in (
             ("#chart-tps", self.decode, "decode tokens/s"),
             ("#chart-watts", self.watts, "watts"),
@@ -219,7 +233,7 @@ class BenchPane(Vertical):
         try:
             request = variant_request(plan_for(model, "host"))
             self.app.call_from_thread(
-                self.app.notify, f"packing {request.target} {request.quant} for this host"
+                self.edgekit.say, f"packing {request.target} {request.quant} for this host"
             )
             pack(
                 model,
@@ -232,3 +246,10 @@ class BenchPane(Vertical):
             self.app.call_from_thread(self.edgekit.report, exc, title="pack")
             return
         self.app.call_from_thread(self.edgekit.bundle_changed, out)
+
+
+def _file_name(variant: str) -> str:
+    """A variant's name as part of a file name: a manifest can name a variant
+    ``../../x`` or with control characters, and the result must land in the folder."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in variant)
+    return safe.strip(".")[:80] or "variant"

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from rich.markup import escape
+from edgekit.tui.shown import content, plain
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.content import Content
 from textual.widgets import Input, RichLog, Static
 
 from edgekit.errors import EdgekitError
+from edgekit.terminal_text import OutputCleaner, clean_output
 
 if TYPE_CHECKING:
     from edgekit.tui.app import EdgekitApp
@@ -26,7 +29,9 @@ class ChatPane(Vertical):
         super().__init__()
         self.session: Any = None
         self.messages: list[dict[str, str]] = []
-        self.reply = ""
+        self.reply = ""  # what the model said, kept as it is for the history
+        self.shown = ""  # the same without escape sequences and control characters
+        self._cleaner = OutputCleaner()
         self.speed = ""
         self._generating = False
 
@@ -36,7 +41,7 @@ class ChatPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="chat-status")
-        yield RichLog(id="chat-log", wrap=True, markup=True)
+        yield RichLog(id="chat-log", wrap=True, markup=False)  # lines are Text, never markup
         yield Static("", id="chat-reply")
         yield Input(placeholder="Type a message and press enter", id="chat-input")
 
@@ -49,9 +54,9 @@ class ChatPane(Vertical):
             self.session.close()
             self.session = None
         self.query_one("#chat-status", Static).update(
-            f"bundle: {bundle} (loaded on the first message)"
+            content("bundle: $bundle (loaded on the first message)", bundle=bundle)
             if bundle
-            else "No bundle: start `edgekit tui BUNDLE`, or pack one on the Bench tab."
+            else plain("No bundle: start `edgekit tui BUNDLE`, or pack one on the Bench tab.")
         )
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -59,13 +64,17 @@ class ChatPane(Vertical):
         if not text or self._generating:
             return
         if self.edgekit.sources.bundle is None:
-            self.app.notify("no bundle to chat with: pack one on the Bench tab", severity="warning")
+            self.edgekit.say(
+                "no bundle to chat with: pack one on the Bench tab", severity="warning"
+            )
             return
         event.input.value = ""
         self.messages.append({"role": "user", "content": text})
-        self.query_one("#chat-log", RichLog).write(f"[b]you[/b] {escape(text)}")
+        self.query_one("#chat-log", RichLog).write(_said("you", clean_output(text)))
         self._generating = True
         self.reply = ""
+        self.shown = ""
+        self._cleaner = OutputCleaner()
         self.generate(list(self.messages))
 
     def action_cancel(self) -> None:
@@ -85,7 +94,7 @@ class ChatPane(Vertical):
                     self.status,
                     f"{self.session.variant.name if self.session.variant else ''} "
                     f"({self.session.info.target})",
-                )
+                )  # a variant's name from the manifest: status() shows it as plain text
             start: float | None = None
             tokens = 0
             for chunk in self.session.chat_stream(messages, max_tokens=MAX_TOKENS, temperature=0):
@@ -105,27 +114,37 @@ class ChatPane(Vertical):
         self.app.call_from_thread(self.done)
 
     def status(self, text: str) -> None:
-        self.query_one("#chat-status", Static).update(text)
+        self.query_one("#chat-status", Static).update(plain(text))
 
     def stream(self, text: str, tokens: int, rate: float | None, finish: str | None) -> None:
         self.reply += text
+        # the reply is the model's content: its line breaks stay, markup is never read,
+        # escape sequences go (one split across chunks waits for its end in the cleaner)
+        self.shown += self._cleaner.feed(text)
         speed = f"{rate:.1f} tok/s" if rate else "..."
         end = f" ({finish})" if finish else ""
         self.speed = f"{tokens} tokens, {speed}{end}"
         self.query_one("#chat-reply", Static).update(
-            f"[b]model[/b] {escape(self.reply)}\n[dim]{self.speed}[/dim]"
+            Content.assemble(("model", "bold"), " ", self.shown, "\n", (self.speed, "dim"))
         )
 
     def done(self) -> None:
         """The reply moves into the transcript; its speed stays below it."""
+        self.shown += self._cleaner.flush()
         if self.reply:
             self.messages.append({"role": "assistant", "content": self.reply})
-            self.query_one("#chat-log", RichLog).write(f"[b]model[/b] {escape(self.reply)}")
+            self.query_one("#chat-log", RichLog).write(_said("model", self.shown))
         self.query_one("#chat-reply", Static).update(
-            f"[dim]last reply: {self.speed}[/dim]" if self.reply else ""
+            content("[dim]last reply: $speed[/dim]", speed=self.speed) if self.reply else plain("")
         )
         self._generating = False
 
     def on_unmount(self) -> None:
         if self.session is not None:
             self.session.close()
+
+
+def _said(who: str, text: str) -> Text:
+    """A transcript line: who in bold, then the text as it is (already cleaned), never
+    read as markup."""
+    return Text.assemble((who, "bold"), " ", text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from edgekit.tui.shown import cell, plain
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -78,9 +79,11 @@ class ComparePane(Vertical):
             except EdgekitError:
                 skipped += 1  # not a bench result (another JSON file in the folder)
         self.query_one("#compare-folder", Static).update(
-            f"results in {folder}: {len(self.results)}"
-            + (f" ({skipped} other JSON files skipped)" if skipped else "")
-            + ("" if self.results else " - run the Bench tab, or start with --results DIR")
+            plain(
+                f"results in {folder}: {len(self.results)}"
+                + (f" ({skipped} other JSON files skipped)" if skipped else "")
+                + ("" if self.results else " - run the Bench tab, or start with --results DIR")
+            )
         )
         self.redraw()
 
@@ -105,13 +108,14 @@ class ComparePane(Vertical):
 
         files = self.query_one("#compare-files", DataTable)
         files.clear()
+        # a saved result is a file like any other: its file name and names are data
         for path, r in self.results:
             files.add_row(
                 "x" if path in self.marked else "",
-                path.name,
-                r.variant,
-                f"{r.target} {r.quant}",
-                r.meter.name + ("" if r.meter.measured else " (est.)"),
+                cell(path.name),
+                cell(r.variant),
+                cell(f"{r.target} {r.quant}"),
+                cell(r.meter.name + ("" if r.meter.measured else " (est.)")),
                 f"{r.runs[0].decode.tok_s.median:.1f}" if r.runs else "-",
             )
         if keep_cursor is not None:
@@ -121,7 +125,7 @@ class ComparePane(Vertical):
         table.clear(columns=True)
         table.add_column("figure")
         for i, (_, r) in enumerate(chosen):
-            table.add_column(f"{chr(65 + i)}: {r.variant}")
+            table.add_column(cell(f"{chr(65 + i)}: {r.variant}"))
         heads = [headline(r) if r.runs else {} for _, r in chosen]
         for key, label in FIGURES:
             values = [h.get(key) for h in heads]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from rich.markup import escape
+from edgekit.tui.shown import cell, content
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -58,14 +58,26 @@ class DevicePane(Vertical):
             if mem.bandwidth_gbps
             else "not measured (edgekit probe --measure)"
         )
+        # the probe reads names from the host (/proc, sysfs, drivers) and a profile is a
+        # file: every one is inserted as plain text
         self.query_one("#host-summary", Static).update(
-            f"[b]{escape(p.display_name)}[/b]  {p.kind}, {p.os} {p.arch}\n"
-            f"CPU: {p.cpu.model}, {p.cpu.physical_cores} cores / {p.cpu.logical_cores} "
-            f"threads, ISA {' '.join(p.cpu.isa) or '-'}\n"
-            f"Memory: {mem.total_gib:.1f} GiB total, {mem.available_gib or 0:.1f} GiB available,"
-            f" {mem.usable_gib:.1f} GiB usable for a model; bandwidth {bandwidth}\n"
-            f"Power envelope: idle {p.power.idle_w:g} W, typical {p.power.typical_w:g} W, max "
-            f"{p.power.max_w:g} W ({p.power.source})"
+            content(
+                "[b]$display[/b]  $kind, $os $arch\n"
+                "CPU: $cpu, $cores cores / $threads threads, ISA $isa\n"
+                "Memory: $memory\nPower envelope: $power",
+                display=p.display_name,
+                kind=p.kind,
+                os=p.os,
+                arch=p.arch,
+                cpu=p.cpu.model,
+                cores=p.cpu.physical_cores,
+                threads=p.cpu.logical_cores,
+                isa=" ".join(p.cpu.isa) or "-",
+                memory=f"{mem.total_gib:.1f} GiB total, {mem.available_gib or 0:.1f} GiB "
+                f"available, {mem.usable_gib:.1f} GiB usable for a model; bandwidth {bandwidth}",
+                power=f"idle {p.power.idle_w:g} W, typical {p.power.typical_w:g} W, max "
+                f"{p.power.max_w:g} W ({p.power.source})",
+            )
         )
         units = self.query_one("#units", DataTable)
         units.clear(columns=True)
@@ -75,15 +87,20 @@ class DevicePane(Vertical):
             memory = (
                 f"{a.memory_gib:g} GiB" if a.memory_gib else f"shared ({mem.total_gib:.0f} GiB)"
             )
-            units.add_row(a.kind, a.name, peak, memory, a.runtime_device or "-")
+            units.add_row(
+                cell(a.kind), cell(a.name), cell(peak), memory, cell(a.runtime_device or "-")
+            )
         for t in report.targets:
             state = "usable" if t.usable else "not usable"
-            units.add_row("target", t.name, t.version or "-", state, t.detail[:60])
+            units.add_row(
+                "target", cell(t.name), cell(t.version or "-"), state, cell(t.detail, max_len=60)
+            )
         sensors = self.query_one("#sensors", DataTable)
         sensors.clear(columns=True)
         sensors.add_columns("power sensor", "watts are", "detail")
         for s in report.sensors:
-            sensors.add_row(s.name, "measured" if s.readable else "unavailable", s.detail)
+            state = "measured" if s.readable else "unavailable"
+            sensors.add_row(cell(s.name), state, cell(s.detail, max_len=2000))
         if not any(s.readable for s in report.sensors):
             sensors.add_row(
                 "estimated",

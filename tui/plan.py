@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from edgekit.converters.planner import COLUMNS
-from rich.markup import escape
+from edgekit.tui.shown import cell, content, plain_lines
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -98,7 +98,7 @@ class PlanPane(Vertical):
             budgets = self.budgets()
         except EdgekitError as exc:
             self.query_one("#plan-summary", Static).update(
-                f"[red]{escape(exc.message)}[/red] ({escape(exc.hint)})"
+                content("[red]$message[/red] ($hint)", message=exc.message, hint=exc.hint)
             )
             return
         self.plan_in_background(budgets)
@@ -128,24 +128,30 @@ class PlanPane(Vertical):
         from edgekit.converters.planner import candidate_cells, describe
 
         b = result.budgets
-        head = f"[b]{escape(result.model)}[/b] on [b]{escape(result.device_display)}[/b]" + (
-            f", ctx {b.context}"
-            + (f", power mode {result.power_mode}" if result.power_mode else "")
+        # the model's and the device's names come from their files: plain text in markup
+        self.query_one("#plan-summary", Static).update(
+            content(
+                "[b]$model[/b] on [b]$device[/b]$rest\n$summary",
+                model=result.model,
+                device=result.device_display,
+                rest=f", ctx {b.context}"
+                + (f", power mode {result.power_mode}" if result.power_mode else ""),
+                summary=result.summary,
+            )
         )
-        self.query_one("#plan-summary", Static).update(f"{head}\n{escape(result.summary)}")
         table = self.query_one("#candidates", DataTable)
         table.clear()
         for c in result.candidates:
             why = c.rejections[0] if c.rejections else ("fits" if c.buildable else c.build_note)
-            table.add_row(*candidate_cells(c, result.choice), why)
-        notes = [f"note: {n}" for n in result.notes]
-        pick = [describe(result.choice)] if result.choice else []
-        self.query_one("#plan-reasons", Static).update(
-            escape("\n".join(pick + notes))
-            + "\n* the pick  ~ predicted only  est./cal.: "
-            + (
-                "calibrated on this host"
-                if any(c.prediction.basis == "calibrated" for c in result.candidates)
-                else "first estimates"
-            )
+            cells = (cell(x, max_len=2000) for x in (*candidate_cells(c, result.choice), why))
+            table.add_row(*cells)
+        lines = ([describe(result.choice)] if result.choice else []) + [
+            f"note: {n}" for n in result.notes
+        ]
+        basis = (
+            "calibrated on this host"
+            if any(c.prediction.basis == "calibrated" for c in result.candidates)
+            else "first estimates"
         )
+        lines = (lines or [""]) + [f"* the pick  ~ predicted only  est./cal.: {basis}"]
+        self.query_one("#plan-reasons", Static).update(plain_lines(lines))

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from edgekit.cli import emit_json, err_console, json_option, main
+from edgekit.cli import emit_json, err_console, json_option, main, render
 from edgekit.cli.progress import progress_bars
 
 
@@ -67,18 +67,19 @@ def bench_command(
         if as_json:
             emit_json({k: {"a": x, "b": y, "change_pct": _pct(x, y)} for k, (x, y) in rows.items()})
             return
+        # a saved result is a file like any other: its names and file names are data
         t = Table(
-            "figure",
-            f"A: {a.variant} ({compare[0].name})",
-            f"B: {b.variant} ({compare[1].name})",
-            "B vs A",
-            title=f"meters: A {a.meter.name}, B {b.meter.name}",
+            title=render.text(f"meters: A {a.meter.name}, B {b.meter.name}"),
             title_justify="left",
         )
+        t.add_column("figure")
+        t.add_column(render.text(f"A: {a.variant} ({compare[0].name})"))
+        t.add_column(render.text(f"B: {b.variant} ({compare[1].name})"))
+        t.add_column("B vs A")
         for k, (x, y) in rows.items():
             change = _pct(x, y)
             t.add_row(k, _fmt(x), _fmt(y), f"{change:+.1f}%" if change is not None else "-")
-        Console().print(t)
+        render.console().print(t)
         return
     if bundle is None:
         raise click.UsageError("pass a BUNDLE to measure, or --compare A.json B.json")
@@ -102,17 +103,18 @@ def bench_command(
     if as_json:
         emit_json(data)
         return
-    render_result(result, Console())
+    render_result(result, render.console())
     if result.thermal.throttled:
         err_console.print(
-            "[bold yellow]warning:[/] the CPU clock dropped or ran hot during the run: "
-            "figures may be throttled",
-            highlight=False,
+            render.line(
+                ("warning:", "bold yellow"),
+                " the CPU clock dropped or ran hot during the run: figures may be throttled",
+            )
         )
     if output:
-        err_console.print(f"saved {output}", highlight=False)
+        err_console.print(render.text(f"saved {output}"))
     for note in notes:
-        err_console.print(note, highlight=False)
+        err_console.print(render.text(note))
 
 
 def _feed_back(result: object, *, calibrate: bool, record: bool) -> list[str]:
@@ -156,8 +158,10 @@ def render_result(result: object, console: Console) -> None:
         "TTFT s",
         "W avg/peak",
         "J/token",
-        title=f"{result.variant} ({result.target} {result.quant}) - "
-        f"power: {result.meter.name} ({label})",
+        title=render.text(
+            f"{result.variant} ({result.target} {result.quant}) - "
+            f"power: {result.meter.name} ({label})"
+        ),
         title_justify="left",
     )
     for run in result.runs:

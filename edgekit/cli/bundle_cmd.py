@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from edgekit.cli import emit_json, err_console, json_option, main
+from edgekit.cli import emit_json, err_console, json_option, main, render
 from edgekit.cli.progress import progress_bars
 from edgekit.manifest import Manifest
 
@@ -78,7 +78,7 @@ def pack_command(
         budgets = budgets_from(memory, power, context, min_tps, max_quality_loss, "f16")
         planned = plan_for(source, device, budgets)
         if not as_json:
-            render_plan(planned, Console(stderr=True))
+            render_plan(planned, render.console(stderr=True))
         requests.append(variant_request(planned, recipe=recipe))
         max_quality_loss = None  # the plan held the formats to it; no second evaluation
     for item in (q.strip() for q in (quant or ("Q4_K_M" if device is None else "")).split(",")):
@@ -113,8 +113,8 @@ def pack_command(
         )
         return
     for w in result.warnings:
-        err_console.print(f"[bold yellow]warning:[/] {w}", highlight=False)
-    render_variants(result.manifest, Console(), title=f"packed {result.path}")
+        err_console.print(render.line(("warning:", "bold yellow"), " ", render.text(w)))
+    render_variants(result.manifest, render.console(), title=f"packed {result.path}")
 
 
 @main.command("verify")
@@ -139,7 +139,7 @@ def verify_command(bundle: Path, fast: bool, as_json: bool) -> None:
         return
     render_variants(
         opened.manifest,
-        Console(),
+        render.console(),
         title=f"{bundle}: OK ({'sizes' if fast else 'sizes and checksums'})",
     )
 
@@ -168,18 +168,19 @@ def render_variants(manifest: Manifest, console: Console, *, title: str) -> None
         "context",
         "KV cache",
         "memory (predicted)",
-        title=title,
-        title_justify="left",
     )
+    # every string of a manifest is data (a bundle comes from anywhere)
     for v in manifest.variants:
         mem = f"{v.predicted.memory_bytes / 1e9:.2f} GB" if v.predicted.memory_bytes else "-"
         t.add_row(
-            v.name,
-            v.target,
-            v.quant,
+            render.name(v.name),
+            render.name(v.target),
+            render.name(v.quant),
             f"{v.size / 1e6:.1f} MB",
             str(v.runtime.context),
-            v.runtime.kv_cache,
+            render.name(v.runtime.kv_cache),
             mem,
         )
+    # the title holds a path: a line of its own, not wrapped to the table's width
+    console.print(render.text(title))
     console.print(t)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
 
-from edgekit.cli import emit_json, err_console, json_option, main
+from edgekit.cli import emit_json, err_console, json_option, main, render
 from edgekit.cli.progress import progress_bars
 
 
@@ -77,8 +76,10 @@ def convert_command(
         )
         return
     for w in result.warnings:
-        err_console.print(f"[bold yellow]warning:[/] {w}", highlight=False)
-    Console().print(
-        f"wrote {result.path} ({result.format}{' ' + result.quant if result.quant else ''}) "
-        f"in {result.seconds:.1f} s"
+        err_console.print(render.line(("warning:", "bold yellow"), " ", render.text(w)))
+    render.console().print(
+        render.text(
+            f"wrote {result.path} ({result.format}{' ' + result.quant if result.quant else ''}) "
+            f"in {result.seconds:.1f} s"
+        )
     )

@@ -6,10 +6,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from edgekit.cli import emit_json, json_option, main
+from edgekit.cli import emit_json, json_option, main, render
 from edgekit.cli.progress import progress_bars
 
 
@@ -24,7 +23,7 @@ from edgekit.cli.progress import progress_bars
 @click.option(
     "--text",
     "text_file",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="Evaluation text (default: the shipped Austen excerpt).",
 )
 @click.option("--ctx", default=512, show_default=True, type=int, help="Window length in tokens.")
@@ -60,7 +59,7 @@ def eval_command(
     if as_json:
         emit_json({"variant": name, "reference": reference, **asdict(result)})
         return
-    t = Table(show_header=False, title=f"{name} against {reference}", title_justify="left")
+    t = Table(show_header=False)
     t.add_column(style="bold")
     t.add_column()
     t.add_row(
@@ -72,4 +71,7 @@ def eval_command(
         "scored",
         f"{result.tokens_scored} tokens: second halves of {result.chunks} windows of {result.ctx}",
     )
-    Console().print(t)
+    console = render.console()
+    # names from the manifest and the command line: a line of their own above the table
+    console.print(render.line(render.name(name), " against ", render.name(reference)))
+    console.print(t)

@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING
 import click
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from edgekit.cli import emit_json, json_option, main
+from edgekit.cli import emit_json, json_option, main, render
 
 if TYPE_CHECKING:
     from edgekit.converters.planner import Budgets, Plan
@@ -101,19 +100,23 @@ def plan_command(
     if as_json:
         emit_json(result.to_dict())
         return
-    render_plan(result, Console(), show_all=show_all)
+    render_plan(result, render.console(), show_all=show_all)
 
 
 def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> None:
     from edgekit.converters.planner import COLUMNS, TEXT_COLUMNS, candidate_cells
 
     b = result.budgets
+    # the model's and the device's names come from their files: plain Text pieces
     console.print(
-        f"[bold]{result.model}[/] ({result.family}, {result.parameters / 1e9:.2f}B parameters"
-        f"{', from config' if result.parameters_source == 'config' else ''}) on "
-        f"[bold]{result.device_display}[/], ctx {b.context}, KV {b.kv_cache}"
-        + (f", power mode {result.power_mode}" if result.power_mode else ""),
-        highlight=False,
+        render.line(
+            render.name(result.model, "bold"),
+            f" ({result.family}, {result.parameters / 1e9:.2f}B parameters"
+            f"{', from config' if result.parameters_source == 'config' else ''}) on ",
+            render.name(result.device_display, "bold"),
+            f", ctx {b.context}, KV {b.kv_cache}"
+            + (f", power mode {result.power_mode}" if result.power_mode else ""),
+        )
     )
     # box.SIMPLE and short headings: the table fits an 80-column terminal
     table = Table(box=box.SIMPLE, pad_edge=False, collapse_padding=True, title_justify="left")
@@ -125,7 +128,7 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
     shown = fitting if show_all else fitting[:6]
     for c in shown:
         basis = "cal." if c.prediction.basis == "calibrated" else "est."
-        table.add_row(*candidate_cells(c, result.choice), basis)
+        table.add_row(*(render.text(cell) for cell in candidate_cells(c, result.choice)), basis)
     if shown:
         console.print(table)
         console.print(
@@ -133,12 +136,14 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
             "  est. first estimate  cal. calibrated on this host",
             style="dim",
         )
-    console.print(f"\n[bold]{escape(result.summary)}[/]", highlight=False)
+    console.print()
+    console.print(render.text(result.summary, "bold"))
     for note in result.notes:
-        console.print(f"note: {escape(note)}", style="dim", highlight=False)
+        console.print(render.text(f"note: {note}", "dim"))
     if rejected:
-        console.print("\n[bold]rejected[/]")
+        console.print()
+        console.print("rejected", style="bold")
         for c in rejected if show_all else rejected[:12]:
-            console.print(f"  {c.label}: {escape(c.rejections[0])}", highlight=False)
+            console.print(render.text(f"  {c.label}: {c.rejections[0]}"))
         if not show_all and len(rejected) > 12:
             console.print(f"  ... {len(rejected) - 12} more (--all)", style="dim")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from edgekit.cli import emit_json, json_option, main
+from edgekit.cli import emit_json, json_option, main, render
 from edgekit.cli.profiles_cmd import render_profile
 from edgekit.probe import probe_host
 
@@ -21,26 +19,26 @@ def probe_command(measure: bool, as_json: bool) -> None:
     if as_json:
         emit_json(report.to_dict())
         return
-    console = Console()
+    console = render.console()
     render_profile(report.profile, console)
     sensors = Table(
         "power sensor", "readable", "detail", title="Power sensors", title_justify="left"
     )
     for s in report.sensors:
-        sensors.add_row(s.name, "yes" if s.readable else "no", escape(s.detail))
+        sensors.add_row(render.name(s.name), "yes" if s.readable else "no", render.text(s.detail))
     console.print(sensors)
     targets = Table(
         "target", "installed", "usable", "version", "detail", title="Targets", title_justify="left"
     )
     for t in report.targets:
         targets.add_row(
-            t.name,
+            render.name(t.name),
             "yes" if t.installed else "no",
             "yes" if t.usable else "no",
-            t.version or "-",
-            escape(t.detail),
+            render.name(t.version or "-"),
+            render.text(t.detail),
         )
     console.print(targets)
     failed = [p for p in report.parts if not p.ok]
     for part in failed:
-        console.print(f"[dim]{part.name}: {escape(part.detail)}[/]", highlight=False)
+        console.print(render.text(f"{part.name}: {part.detail}", "dim"))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from edgekit.cli import emit_json, json_option, main
+from edgekit.cli import emit_json, json_option, main, render
 from edgekit.devices import DeviceProfile, load_profile, profile_names
 
 
@@ -27,15 +26,15 @@ def profiles_command(ctx: click.Context, as_json: bool) -> None:
     table.add_column("name", no_wrap=True)
     for p in profiles:
         table.add_row(
-            p.display_name,
-            p.kind,
+            render.name(p.display_name),
+            render.name(p.kind),
             f"{p.memory.total_gib:g} GiB ({p.memory.usable_gib:g})",
             f"{p.memory.bandwidth_gbps:g} GB/s" if p.memory.bandwidth_gbps else "?",
             f"{p.power.typical_w:g}/{p.power.max_w:g} W",
-            ", ".join(p.targets),
-            p.name,
+            render.text(", ".join(p.targets)),
+            render.name(p.name),
         )
-    Console().print(table)
+    render.console().print(table)
 
 
 @profiles_command.command("show")
@@ -47,44 +46,48 @@ def show_command(name: str, as_json: bool) -> None:
     if as_json:
         emit_json(profile.to_dict())
         return
-    render_profile(profile, Console())
+    render_profile(profile, render.console())
 
 
 def render_profile(p: DeviceProfile, console: Console) -> None:
-    t = Table(title=f"{p.display_name} ({p.name})", show_header=False, title_justify="left")
+    # A profile is a file anyone can write (or the probe's reading of this host): every
+    # string in it is shown as one line of plain text.
+    def row(key: str, value: str) -> None:
+        t.add_row(render.name(key), render.text(value))
+
+    title = render.text(f"{p.display_name} ({p.name})")
+    t = Table(title=title, show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("kind / os / arch", f"{p.kind} / {p.os} / {p.arch}")
+    row("kind / os / arch", f"{p.kind} / {p.os} / {p.arch}")
     c = p.cpu
     cores = f"{c.physical_cores} physical, {c.logical_cores} logical"
     if c.performance_cores is not None:
         cores += f" ({c.performance_cores}P + {c.efficiency_cores or 0}E)"
-    t.add_row("CPU", f"{c.model}: {cores}" + (f", {c.max_ghz:g} GHz" if c.max_ghz else ""))
-    t.add_row("ISA", ", ".join(c.isa) or "unknown")
+    row("CPU", f"{c.model}: {cores}" + (f", {c.max_ghz:g} GHz" if c.max_ghz else ""))
+    row("ISA", ", ".join(c.isa) or "unknown")
     m = p.memory
     mem = f"{m.total_gib:g} GiB total, {m.usable_gib:g} GiB usable by a model"
     if m.available_gib is not None:
         mem += f", {m.available_gib:g} GiB available now"
-    t.add_row("memory", mem + (" (unified)" if m.unified else ""))
+    row("memory", mem + (" (unified)" if m.unified else ""))
     if m.usable_note:
-        t.add_row("", escape(m.usable_note))
+        row("", m.usable_note)
     bw = f"{m.bandwidth_gbps:g} GB/s ({m.bandwidth_source})" if m.bandwidth_gbps else "unknown"
-    t.add_row("bandwidth", bw)
+    row("bandwidth", bw)
     for a in p.accelerators:
         peaks = ", ".join(f"{k} {v:g}" for k, v in a.peak_tops.items())
         extra = f", {a.memory_gib:g} GiB" if a.memory_gib else ""
-        note = f" ({escape(a.note)})" if a.note else ""
-        t.add_row(a.kind, f"{a.name}{extra}" + (f" - peak TOPS: {peaks}" if peaks else "") + note)
+        note = f" ({a.note})" if a.note else ""
+        row(a.kind, f"{a.name}{extra}" + (f" - peak TOPS: {peaks}" if peaks else "") + note)
     pw = p.power
-    t.add_row(
+    row(
         "power",
         f"idle {pw.idle_w:g} W, typical {pw.typical_w:g} W, max {pw.max_w:g} W ({pw.source})",
     )
     for mode in pw.modes:
         default = " (default)" if mode.name == pw.default_mode else ""
-        t.add_row(
-            "", f"mode {mode.name}: {mode.max_w:g} W, compute x{mode.compute_scale:g}{default}"
-        )
-    t.add_row("targets", ", ".join(p.targets) or "none")
-    t.add_row("power sensors", ", ".join(p.sensors) or "none")
+        row("", f"mode {mode.name}: {mode.max_w:g} W, compute x{mode.compute_scale:g}{default}")
+    row("targets", ", ".join(p.targets) or "none")
+    row("power sensors", ", ".join(p.sensors) or "none")
     console.print(t)

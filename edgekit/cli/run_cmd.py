@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
-from edgekit.cli import emit_json, err_console, json_option, main
+from edgekit.cli import emit_json, err_console, json_option, main, render
+from edgekit.terminal_text import OutputCleaner
 
 
 def _load(
@@ -99,14 +99,17 @@ def run_command(
         start = time.perf_counter()
         first: float | None = None
         pieces, tokens, reason = [], 0, "length"
+        shown = OutputCleaner()  # the terminal gets the text without escape sequences
         for chunk in session.stream(prompt, sampling):
             if first is None and chunk.tokens:
                 first = time.perf_counter()
             if not as_json:
-                click.echo(chunk.text, nl=False)
-            pieces.append(chunk.text)
+                click.echo(shown.feed(chunk.text), nl=False)
+            pieces.append(chunk.text)  # --json keeps the text exactly as generated
             tokens += chunk.tokens
             reason = chunk.finish_reason or reason
+        if not as_json:
+            click.echo(shown.flush(), nl=False)
         elapsed = time.perf_counter() - start
         if as_json:
             emit_json(
@@ -126,9 +129,10 @@ def run_command(
             else 0
         )
         err_console.print(
-            f"[dim]{session.variant.name}: {tokens} tokens, {reason}, "
-            f"{rate:.1f} tok/s after the first[/]",
-            highlight=False,
+            render.line(
+                render.name(session.variant.name, "dim"),
+                (f": {tokens} tokens, {reason}, {rate:.1f} tok/s after the first", "dim"),
+            )
         )
 
 
@@ -153,10 +157,13 @@ def chat_command(
 ) -> None:
     """Chat with BUNDLE in the terminal (/reset clears the history, /exit or Ctrl-D leaves)."""
     sampling = _sampling(max_tokens, temperature, top_p, seed, stop)
-    console = Console()
+    console = render.console()
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     with _load(bundle, variant, device, context, threads, force) as session:
-        console.print(f"[dim]{session.variant.name} loaded; /reset, /exit[/]", highlight=False)
+        _check_chat_template(session, bundle)
+        console.print(
+            render.line(render.name(session.variant.name, "dim"), (" loaded; /reset, /exit", "dim"))
+        )
         while True:
             try:
                 line = click.prompt("you", prompt_suffix="> ", default="", show_default=False)
@@ -166,27 +173,72 @@ def chat_command(
                 break
             if line.strip() == "/reset":
                 history = history[:1] if system else []
-                console.print("[dim]history cleared[/]")
+                console.print("history cleared", style="dim")
                 continue
             if not line.strip():
                 continue
             history.append({"role": "user", "content": line})
             reply = []
+            shown = OutputCleaner()  # the terminal gets the text without escape sequences
             for chunk in session.chat_stream(history, sampling):
-                click.echo(chunk.text, nl=False)
-                reply.append(chunk.text)
-            click.echo()
+                click.echo(shown.feed(chunk.text), nl=False)
+                reply.append(chunk.text)  # the history keeps what the model said
+            click.echo(shown.flush())
             history.append({"role": "assistant", "content": "".join(reply)})
+
+
+def _check_chat_template(session: Any, bundle: Path) -> None:
+    """Refuse ``chat`` before the first message when the model has no chat template: the
+    way to use such a model from the command line is ``edgekit run`` with a prompt.
+
+    Raises:
+        GenerationError: the bundle's manifest records no chat template.
+    """
+    import shlex
+
+    from edgekit.errors import GenerationError
+
+    if session.bundle.manifest.tokenizer.chat_template is None:
+        raise GenerationError(
+            f"{session.bundle.manifest.name} has no chat template: `edgekit chat` needs one "
+            "to turn messages into a prompt",
+            hint=f"generate from a plain prompt instead: edgekit run {shlex.quote(str(bundle))} "
+            "-p 'your text'",
+        )
 
 
 @main.command("serve")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option(
-    "--host", default="127.0.0.1", show_default=True, help="Bind address (0.0.0.0 exposes it)."
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Bind address. Beyond loopback (0.0.0.0, a LAN address) it needs --api-key.",
 )
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option(
     "--api-key", envvar="EDGEKIT_API_KEY", help="Require this bearer token (or $EDGEKIT_API_KEY)."
+)
+@click.option(
+    "--insecure-no-auth",
+    is_flag=True,
+    help="Serve beyond loopback without an API key: anyone who can reach the port can use it.",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also accept requests whose Host is NAME (a DNS name for this machine; repeatable). "
+    "IP addresses and localhost are always accepted.",
+)
+@click.option(
+    "--allow-origin",
+    "allow_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let web pages of ORIGIN (e.g. http://localhost:3000) call the API, with CORS "
+    "headers (repeatable; * for any). Other pages are refused.",
 )
 @click.option("--max-tokens-limit", default=4096, show_default=True, type=int)
 @click.option("--max-request-bytes", default=1 << 20, show_default=True, type=int)
@@ -203,6 +255,9 @@ def serve_command(
     host: str,
     port: int,
     api_key: str | None,
+    insecure_no_auth: bool,
+    allow_hosts: tuple[str, ...],
+    allow_origins: tuple[str, ...],
     max_tokens_limit: int,
     max_request_bytes: int,
     queue_size: int,
@@ -213,22 +268,43 @@ def serve_command(
     force: bool,
 ) -> None:
     """Serve BUNDLE over an OpenAI-compatible HTTP API (/v1/chat/completions, ...)."""
-    from edgekit.serve import ServeConfig, serve
+    from dataclasses import replace
 
+    import edgekit.serve
+    from edgekit.errors import ServeError
+
+    try:  # refused before the model is loaded: an open server is never started by mistake
+        config = edgekit.serve.ServeConfig(
+            model_name="",
+            host=host,
+            port=port,
+            api_key=api_key,
+            insecure_no_auth=insecure_no_auth,
+            allow_hosts=allow_hosts,
+            allow_origins=allow_origins,
+            max_tokens_limit=max_tokens_limit,
+            max_request_bytes=max_request_bytes,
+            queue_size=queue_size,
+        )
+    except ServeError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if api_key is None and not edgekit.serve.is_loopback(host):
+        err_console.print(
+            render.line(
+                ("warning:", "bold yellow"),
+                f" serving on {host}:{port} without an API key (--insecure-no-auth): anyone "
+                "who can reach this port can use the model",
+            )
+        )
     with _load(bundle, variant, device, context, threads, force) as session:
         name = session.bundle.manifest.name
         err_console.print(
-            f"serving {name} ({session.variant.name}) on http://{host}:{port}/v1", highlight=False
+            render.line(
+                "serving ",
+                render.name(name),
+                " (",
+                render.name(session.variant.name),
+                f") on http://{host}:{port}/v1",
+            )
         )
-        serve(
-            session,
-            ServeConfig(
-                model_name=name,
-                host=host,
-                port=port,
-                api_key=api_key,
-                max_tokens_limit=max_tokens_limit,
-                max_request_bytes=max_request_bytes,
-                queue_size=queue_size,
-            ),
-        )
+        edgekit.serve.serve(session, replace(config, model_name=name))
