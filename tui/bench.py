@@ -16,6 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, ProgressBar, Select, Static
 from textual_plotext import PlotextPlot
 
+from edgekit.atomic import write_atomic
 from edgekit.errors import BenchStoppedError, EdgekitError
 from edgekit.progress import ProgressEvent
 
@@ -154,10 +155,9 @@ class BenchPane(Vertical):
         from edgekit.probe import probe_host
 
         folder = self.edgekit.sources.results
-        folder.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         path = folder / f"{stamp}-{_file_name(result.variant)}.json"
-        path.write_text(json.dumps(result.to_dict(), indent=2))
+        write_atomic(path, json.dumps(result.to_dict(), indent=2))
         try:
             record_bench(result, probe_host().profile)
         except EdgekitError as exc:

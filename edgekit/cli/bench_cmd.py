@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from edgekit.atomic import write_atomic
 from edgekit.cli import emit_json, err_console, json_option, main, render
 from edgekit.cli.progress import progress_bars
 
@@ -98,7 +99,7 @@ def bench_command(
         )
     data = result.to_dict()
     if output:
-        output.write_text(json.dumps(data, indent=2))
+        write_atomic(output, json.dumps(data, indent=2))
     notes = _feed_back(result, calibrate=calibrate, record=record)
     if as_json:
         emit_json(data)
