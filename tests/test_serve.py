@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,52 +11,17 @@ from typing import Any
 import pytest
 
 from tests.conftest import require
+from tests.serve_harness import KEY, LiveServer, wait_until
 
-KEY = "test-key"
+__all__ = ["KEY", "LiveServer"]  # tests/test_samples.py serves through these
+
 LONG = "Once upon a time"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class LiveServer:
-    def __init__(self, session: Any, **overrides: Any) -> None:
-        import uvicorn
-
-        from edgekit.serve import ServeConfig, create_app
-
-        self.config = ServeConfig(model_name="smollm2", port=_free_port(), api_key=KEY, **overrides)
-        self.app = create_app(session, self.config)
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.config.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.config.port}/v1"
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise TimeoutError("server did not start")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
 
 
 @pytest.fixture(scope="module")
 def session(default_gguf: Path) -> Iterator[Any]:
     require("llama_cpp", "the server runs the llama.cpp target")
-    require("starlette", "the server is a Starlette app")
+    require("uvicorn", "the server runs on uvicorn")
     require("openai", "the tests use the official openai client")
     from edgekit.targets.llamacpp import LlamaCppTarget
 
@@ -145,9 +108,11 @@ def test_limits(client: Any, server: LiveServer) -> None:
     assert r.status_code == 413 and "error" in r.json()
 
 
-def _read_events(response: Any, n: int) -> list[dict[str, Any]]:
+def _read_events(lines: Iterator[str], n: int) -> list[dict[str, Any]]:
+    """The next ``n`` events. ``lines`` is the response's ``iter_lines()``, kept by the
+    caller: dropping it closes the connection."""
     events = []
-    for line in response.iter_lines():
+    for line in lines:
         if line.startswith("data: ") and line != "data: [DONE]":
             events.append(json.loads(line[6:]))
             if len(events) >= n:
@@ -170,7 +135,7 @@ def test_client_disconnect_cancels_the_generation(session: Any) -> None:
         with httpx.stream(
             "POST", f"{live.url}/completions", json=body, headers=headers, timeout=60
         ) as r:
-            assert len(_read_events(r, 3)) == 3
+            assert len(_read_events(r.iter_lines(), 3)) == 3
         # The client is gone: the generation stops at its next token.
         stats = live.app.state.stats
         deadline = time.monotonic() + 30
@@ -202,7 +167,8 @@ def test_full_queue_answers_503(session: Any) -> None:
         with httpx.stream(
             "POST", f"{live.url}/completions", json=body, headers=headers, timeout=60
         ) as r:
-            _read_events(r, 1)  # the only slot is taken
+            lines = r.iter_lines()
+            _read_events(lines, 1)  # the only slot is taken
             busy = httpx.post(
                 f"{live.url}/completions",
                 headers=headers,
@@ -212,3 +178,5 @@ def test_full_queue_answers_503(session: Any) -> None:
             assert busy.status_code == 503
             assert busy.json()["error"]["type"] == "server_busy"
         assert live.app.state.stats.rejected_busy == 1
+        # the stream's client left: its slot comes back
+        assert wait_until(lambda: live.stats.open == 0, 30)
