@@ -25,8 +25,8 @@ from textual.pilot import Pilot  # noqa: E402
 from textual.widgets import DataTable, Input, Static, TabbedContent  # noqa: E402
 
 SIZE = (120, 40)
-# The async tests run on anyio's pytest plugin (anyio is installed with the serve extra's
-# starlette); the asyncio backend is what Textual runs on.
+# The async tests run on anyio's pytest plugin (anyio is in the dev extra); the asyncio
+# backend is what Textual runs on.
 pytestmark = pytest.mark.anyio
 
 
