@@ -3,6 +3,11 @@
 Recipe controls map onto llama.cpp's switches: ``embeddings`` -> token_embedding_type,
 ``output`` -> output_tensor_type. Requantizing an already quantized file is allowed but
 stacks the two quantization errors, and says so.
+
+llama.cpp copies every metadata key of the source into the output; ``edgekit.recipe`` is
+replaced through the quantizer's key overrides with the recipe the output really has
+(its weights format, the tensor types asked for, the KV-cache type), so a Q4_K_M file made
+from an F16 one does not say F16.
 """
 
 from __future__ import annotations
@@ -11,11 +16,13 @@ import ctypes
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import psutil
 from edgekit.converters.gguf_formats import FLOAT_FORMATS, GGUF_FORMATS, QUANTIZED_FILE_TYPES
+from edgekit.converters.hf_to_gguf import RECIPE_KEY, recorded_recipe
 from edgekit.converters.recipe import Recipe
 
 from edgekit.atomic import atomic_path, check_destination
@@ -85,7 +92,7 @@ def quantize_gguf(
     params.ftype = fmt.ftype
     params.nthread = threads or psutil.cpu_count(logical=False) or 1
     params.allow_requantize = source_type in QUANTIZED_FILE_TYPES
-    recipe = recipe or Recipe(weights=fmt.name)
+    recipe = replace(recipe or Recipe(weights=fmt.name), weights=fmt.name)
     for option in ("group_size", "ratio", "calibration"):
         if getattr(recipe, option) is not None:
             warnings.append(
@@ -95,6 +102,9 @@ def quantize_gguf(
         params.token_embedding_type = _ggml_type(recipe.embeddings, "embeddings")
     if recipe.output:
         params.output_tensor_type = _ggml_type(recipe.output, "output")
+    # Kept alive until the quantizer returns: llama.cpp reads the array through a pointer.
+    overrides = _recipe_override(llama_cpp, recipe)
+    params.kv_overrides = overrides
 
     with atomic_path(out, force=force) as tmp:
         rc = _run_with_heartbeat(
@@ -112,11 +122,28 @@ def quantize_gguf(
         written = read_gguf_header(tmp)
         if written.get("general.file_type") != fmt.ftype:
             raise ConversionError(f"verification failed: {tmp} is not {fmt.name}")
+        if written.get(RECIPE_KEY) != recorded_recipe(recipe):
+            raise ConversionError(f"verification failed: {tmp} does not record its recipe")
     for w in warnings:
         log.info("%s", w)
     return QuantizeResult(
         path=out, quant=fmt.name, source_file_type=source_type, warnings=tuple(warnings)
     )
+
+
+def _recipe_override(llama_cpp: Any, recipe: Recipe) -> Any:
+    """A zero-terminated llama.cpp key-override array that sets ``edgekit.recipe``."""
+    value = recorded_recipe(recipe).encode()
+    if len(value) >= 128:  # llama_model_kv_override.val_str is char[128]
+        raise UnsupportedConversionError(
+            f"the recipe {value.decode()!r} is too long to record in the GGUF",
+            hint="use shorter tensor type names",
+        )
+    array = (llama_cpp.llama_model_kv_override * 2)()
+    array[0].tag = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR
+    array[0].key = RECIPE_KEY.encode()
+    array[0].value.val_str = value
+    return array
 
 
 def _ggml_type(name: str, what: str) -> int:

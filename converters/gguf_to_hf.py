@@ -4,8 +4,13 @@ This lets a GGUF-only model (like the embedded default) feed converters that sta
 a Hugging Face folder. The result carries the GGUF's quantization error: it is recorded
 in ``edgekit.json`` beside the weights and returned as a warning.
 
-Tokenizers: byte-level BPE GGUFs (``tokenizer.ggml.model = gpt2``) are written as
-tokenizer.json by edgekit; SentencePiece GGUFs (``llama``) are refused for now.
+Tokenizers: byte-level BPE (``tokenizer.ggml.model = gpt2``) and SentencePiece-style BPE
+(``llama``) GGUFs are written as a tokenizer.json that tokenizes as llama.cpp does with the
+GGUF (``gguf_tokenizer.hf_tokenizer_files``).
+
+Structure is checked before anything is allocated: ``inspect_model`` validates the header,
+and the tensor set must be the one ``block_count`` layers of the family have (a 10 KB file
+claiming 2^32-1 layers is refused, not given per-layer name tables).
 """
 
 from __future__ import annotations
@@ -19,18 +24,14 @@ from typing import Any
 import numpy as np
 from edgekit.converters.gguf_arch import ARCHES, tensor_name_map, untransform
 from edgekit.converters.gguf_formats import FLOAT_FORMATS
-from edgekit.converters.gguf_tokenizer import (
-    TOKEN_CONTROL,
-    TOKEN_USER_DEFINED,
-    pre_tokenizer_json,
-)
+from edgekit.converters.gguf_tokenizer import dump_tokenizer, hf_tokenizer_files
 from edgekit.converters.tensor_io import write_safetensors
 
 from edgekit.architectures import Dimensions, Family, expected_tensors, family_for_gguf
 from edgekit.atomic import atomic_path, check_destination
-from edgekit.errors import UnsupportedConversionError
+from edgekit.errors import ModelFormatError, UnsupportedConversionError
 from edgekit.gguf_header import GGUFHeader, read_gguf_header
-from edgekit.inspection import spec_from_gguf
+from edgekit.inspection import inspect_model, spec_from_gguf
 from edgekit.modelspec import ModelSpec
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
 
@@ -77,20 +78,15 @@ def gguf_to_hf(
     """
     src, out = Path(src), Path(out)
     check_destination(out, force=force)
+    inspect_model(src)  # the header's structure, validated before the arrays are read
     header = read_gguf_header(src, keep_arrays=True)
     spec = spec_from_gguf(header)
     family = family_for_gguf(header.get("general.architecture"))
     dims = _dims(spec)
     arch = ARCHES[family.key]
-    if header.get("tokenizer.ggml.model") != "gpt2":
-        raise UnsupportedConversionError(
-            f"{src}: GGUF tokenizer {header.get('tokenizer.ggml.model')!r} cannot be written as a "
-            "Hugging Face tokenizer yet",
-            hint="byte-level BPE (gpt2) GGUFs are supported; convert SentencePiece models from "
-            "their Hugging Face source",
-        )
+    _check_blocks(header, dims.layers)
     names = _hf_names(header, family, dims, arch)
-    tokenizer, tokenizer_config = _tokenizer_files(header)
+    tokenizer, tokenizer_config = hf_tokenizer_files(header)
     config = _config(header, family, dims)
     source_type = spec.file_type
     warnings: tuple[str, ...] = ()
@@ -103,11 +99,11 @@ def gguf_to_hf(
     with atomic_path(out, force=force) as tmp:
         tmp.mkdir()
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        (tmp / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+        (tmp / "tokenizer.json").write_text(dump_tokenizer(tokenizer), encoding="utf-8")
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
         template = header.get("tokenizer.chat_template")
         if isinstance(template, str):
-            (tmp / "chat_template.jinja").write_text(template)
+            (tmp / "chat_template.jinja").write_text(template, encoding="utf-8")
         (tmp / "edgekit.json").write_text(
             json.dumps(
                 {
@@ -146,24 +142,62 @@ def _dims(spec: ModelSpec) -> Dimensions:
     )
 
 
+def _check_blocks(header: GGUFHeader, layers: int) -> None:
+    """Refuse a block_count the tensors do not have, before per-layer tables are built:
+    every ``blk.N.`` index must be below block_count and every layer must have tensors."""
+    if layers < 1:
+        raise ModelFormatError(f"{header.path}: block_count is {layers}; a model has layers")
+    seen: set[int] = set()
+    for t in header.tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            if len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) >= layers:
+                raise ModelFormatError(
+                    f"{header.path}: tensor {t.name!r} does not belong to any of the "
+                    f"{layers} layers block_count declares"
+                )
+            seen.add(int(parts[1]))
+    if len(seen) != layers:
+        raise ModelFormatError(
+            f"{header.path}: block_count says {layers} layers but the file has tensors for "
+            f"{len(seen)}",
+            hint="the file is corrupt or was not written for this architecture",
+        )
+
+
 def _hf_names(header: GGUFHeader, family: Family, dims: Dimensions, arch: Any) -> list[str]:
-    """The Hugging Face name of every GGUF tensor, in file order; refuses unknown ones."""
+    """The Hugging Face name of every GGUF tensor, in file order; refuses unknown ones, and
+    a tensor set or shape that is not the family's (transformers would fill a missing
+    tensor with random values)."""
     name_map = tensor_name_map(arch, dims.layers)
-    reverse = {}
+    reverse: dict[str, tuple[str, tuple[int, ...]]] = {}
     for t in expected_tensors(family, dims):
         gguf_name = name_map.get_name(t.name, try_suffixes=(".weight", ".bias"))
         if gguf_name:
-            reverse[gguf_name] = t.name
+            reverse[gguf_name] = (t.name, t.shape)
     names, unknown = [], []
     for t in header.tensors:
-        if t.name in reverse:
-            names.append(reverse[t.name])
-        else:
+        if t.name not in reverse:
             unknown.append(t.name)
+            continue
+        hf_name, shape = reverse[t.name]
+        if tuple(t.shape) != shape:
+            raise ModelFormatError(
+                f"{header.path}: tensor {t.name} has shape {tuple(t.shape)}; the header's "
+                f"dimensions give {shape}"
+            )
+        names.append(hf_name)
     if unknown:
         raise UnsupportedConversionError(
             f"{header.path}: tensors without a Hugging Face counterpart: {', '.join(unknown[:5])}",
             hint="the GGUF carries parts edgekit cannot map back (RoPE factors, adapters?)",
+        )
+    missing = sorted(set(reverse) - {t.name for t in header.tensors})
+    if missing:
+        raise ModelFormatError(
+            f"{header.path}: {len(missing)} tensors of a {family.display} model are missing "
+            f"(e.g. {', '.join(missing[:3])})",
+            hint="the file is incomplete or not the architecture it declares",
         )
     return names
 
@@ -227,87 +261,3 @@ def _config(header: GGUFHeader, family: Family, dims: Dimensions) -> dict[str, A
     if header.get(f"{arch}.rope.scaling.type") == "linear" and factor:
         config["rope_scaling"] = {"type": "linear", "factor": float(factor)}
     return config
-
-
-def _tokenizer_files(header: GGUFHeader) -> tuple[dict[str, Any], dict[str, Any]]:
-    tokens: list[str] = header.get("tokenizer.ggml.tokens")
-    types: list[int] = header.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges: list[str] = header.get("tokenizer.ggml.merges") or []
-    pre = header.get("tokenizer.ggml.pre") or "gpt-2"
-    add_bos = bool(header.get("tokenizer.ggml.add_bos_token", False))
-
-    def token(key: str) -> str | None:
-        value = header.get(f"tokenizer.ggml.{key}")
-        return tokens[value] if isinstance(value, int) and 0 <= value < len(tokens) else None
-
-    added = [
-        {
-            "id": i,
-            "content": tok,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": types[i] != TOKEN_CONTROL,
-            "special": types[i] == TOKEN_CONTROL,
-        }
-        for i, tok in enumerate(tokens)
-        if types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
-    ]
-    bos = token("bos_token_id")
-    post_processor = None
-    if add_bos and bos is not None:
-        post_processor = {
-            "type": "TemplateProcessing",
-            "single": [
-                {"SpecialToken": {"id": bos, "type_id": 0}},
-                {"Sequence": {"id": "A", "type_id": 0}},
-            ],
-            "pair": [
-                {"SpecialToken": {"id": bos, "type_id": 0}},
-                {"Sequence": {"id": "A", "type_id": 0}},
-                {"SpecialToken": {"id": bos, "type_id": 1}},
-                {"Sequence": {"id": "B", "type_id": 1}},
-            ],
-            "special_tokens": {bos: {"id": bos, "ids": [tokens.index(bos)], "tokens": [bos]}},
-        }
-    tokenizer = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": pre_tokenizer_json(pre),
-        "post_processor": post_processor,
-        "decoder": {
-            "type": "ByteLevel",
-            "add_prefix_space": True,
-            "trim_offsets": True,
-            "use_regex": True,
-        },
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": pre == "llama-bpe",
-            "vocab": {tok: i for i, tok in enumerate(tokens)},
-            "merges": merges,
-        },
-    }
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": bos,
-        "eos_token": token("eos_token_id"),
-        "unk_token": token("unknown_token_id"),
-        "pad_token": token("padding_token_id"),
-        "add_bos_token": add_bos,
-        "add_eos_token": bool(header.get("tokenizer.ggml.add_eos_token", False)),
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": int(
-            header.get(f"{header.get('general.architecture')}.context_length", 4096)
-        ),
-    }
-    return tokenizer, config

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from edgekit.converters.gguf_arch import (
     transform,
     write_metadata,
 )
-from edgekit.converters.gguf_tokenizer import read_vocab
+from edgekit.converters.gguf_tokenizer import general_name, read_vocab, write_vocab
 from edgekit.converters.recipe import Recipe
 from edgekit.converters.tensor_io import f32_to_bf16_bits, read_safetensors_f32
 
@@ -41,6 +41,12 @@ FLOAT_OUTPUTS: dict[str, tuple[int, int]] = {"F32": (0, 0), "F16": (1, 1), "BF16
 # Tensors a checkpoint may carry that llama.cpp recomputes or does not use.
 _SKIP_SUFFIXES = ("rotary_emb.inv_freq",)
 RECIPE_KEY = "edgekit.recipe"
+
+
+def recorded_recipe(recipe: Recipe) -> str:
+    """``recipe`` as a GGUF records it (``edgekit.recipe``): the options llama.cpp has a
+    meaning for; group-wise and calibration options belong to other backends."""
+    return replace(recipe, group_size=None, ratio=None, calibration=None).to_json()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +101,8 @@ def hf_to_gguf(
     dims = dimensions_from_config(config, family, str(src))
     arch = ARCHES[family.key]
     vocab = read_vocab(src, dims.vocab_size, pre_override=tokenizer_pre)
+    for warning in vocab.warnings:
+        log.warning("%s", warning)
     plan = _plan(
         src, spec.tensors, arch, dims, FLOAT_OUTPUTS[out_type][0], tied=dims.tied_embeddings
     )
@@ -104,23 +112,14 @@ def hf_to_gguf(
     with atomic_path(out, force=force) as tmp:
         writer = gguf.GGUFWriter(tmp, arch.name)
         try:
-            writer.add_name(str(config.get("_name_or_path") or src.name))
+            name = str(config.get("_name_or_path") or src.name)
+            writer.add_name(general_name(name, phi3_rstrip=vocab.phi3_rstrip))
             writer.add_file_type(FLOAT_OUTPUTS[out_type][1])
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
             scaling = write_metadata(writer, family, config, dims)
-            writer.add_tokenizer_model(vocab.model)
-            if vocab.pre:
-                writer.add_tokenizer_pre(vocab.pre)
-            writer.add_token_list(vocab.tokens)
-            writer.add_token_types(vocab.types)
-            if vocab.scores is not None:
-                writer.add_token_scores(vocab.scores)
-            special = gguf.SpecialVocab(
-                src, load_merges=vocab.model == "gpt2", n_vocab=len(vocab.tokens)
-            )
-            special.add_to_gguf(writer, quiet=True)
+            write_vocab(writer, vocab)
             if recipe is not None:
-                writer.add_string(RECIPE_KEY, recipe.to_json())
+                writer.add_string(RECIPE_KEY, recorded_recipe(recipe))
             if scaling.get("type") == "llama3":
                 plan.append(
                     _Planned(

@@ -82,12 +82,9 @@ def evaluate(
 
     text = text if text is not None else default_text()
     ids = model.tokenize(text)
-    if reference.tokenize(text) != ids:
-        raise EvalError(
-            "the model and the reference tokenize the text differently, so their token "
-            "distributions cannot be compared position by position",
-            hint="compare variants of the same model, or the model against its own source",
-        )
+    reference_ids = reference.tokenize(text)
+    if reference_ids != ids:
+        raise _tokenization_differs(ids, reference_ids)
     n_windows = len(ids) // ctx
     if chunks is not None:
         n_windows = min(n_windows, chunks)
@@ -119,6 +116,24 @@ def evaluate(
         tokens_scored=int(kl.size),
         ctx=ctx,
         chunks=n_windows,
+    )
+
+
+def _tokenization_differs(ids: list[int], reference_ids: list[int]) -> EvalError:
+    first = next(
+        (i for i, (a, b) in enumerate(zip(ids, reference_ids, strict=False)) if a != b),
+        min(len(ids), len(reference_ids)),
+    )
+    return EvalError(
+        "the model and the reference tokenize the text differently, so their token "
+        f"distributions cannot be compared position by position: they first differ at "
+        f"token {first} (model {ids[first : first + 3]}, reference "
+        f"{reference_ids[first : first + 3]}; {len(ids)} vs {len(reference_ids)} tokens)",
+        hint="if the model was converted from this reference by another tool or an older "
+        "edgekit, convert it again with `edgekit convert REFERENCE --to gguf` (edgekit "
+        "writes the GGUF tokenizer to match its source token for token) and read the "
+        "conversion's warnings; otherwise the reference is another model: pass the folder "
+        "or variant this one was made from",
     )
 
 

@@ -108,7 +108,16 @@ def _kv(key: str, value: Any) -> bytes:
         return _str(key) + struct.pack("<If", 6, value)
     if isinstance(value, str):
         return _str(key) + struct.pack("<I", 8) + _str(value)
-    if isinstance(value, list):  # list of strings
+    if isinstance(value, list):  # of strings (and empty), bools, int32 or float32
+        if value and all(isinstance(v, bool) for v in value):
+            body = b"".join(struct.pack("<?", v) for v in value)
+            return _str(key) + struct.pack("<IIQ", 9, 7, len(value)) + body
+        if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            body = b"".join(struct.pack("<i", v) for v in value)
+            return _str(key) + struct.pack("<IIQ", 9, 5, len(value)) + body
+        if value and all(isinstance(v, float) for v in value):
+            body = b"".join(struct.pack("<f", v) for v in value)
+            return _str(key) + struct.pack("<IIQ", 9, 6, len(value)) + body
         body = b"".join(_str(v) for v in value)
         return _str(key) + struct.pack("<IIQ", 9, 8, len(value)) + body
     raise TypeError(value)
@@ -160,3 +169,27 @@ def tiny_gguf_tensors() -> dict[str, tuple[tuple[int, ...], int]]:
         "blk.0.attn_norm.weight": ((64,), 0),
         "output_norm.weight": ((64,), 0),
     }
+
+
+def full_tiny_gguf_tensors(
+    layers: int = 1, vocab: int = 8, hidden: int = 64, ffn: int = 128, kv: int = 32
+) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Every tensor of a tiny Llama-architecture GGUF (F32), as llama.cpp names them."""
+    tensors: dict[str, tuple[tuple[int, ...], int]] = {"token_embd.weight": ((vocab, hidden), 0)}
+    for i in range(layers):
+        tensors.update(
+            {
+                f"blk.{i}.attn_norm.weight": ((hidden,), 0),
+                f"blk.{i}.attn_q.weight": ((hidden, hidden), 0),
+                f"blk.{i}.attn_k.weight": ((kv, hidden), 0),
+                f"blk.{i}.attn_v.weight": ((kv, hidden), 0),
+                f"blk.{i}.attn_output.weight": ((hidden, hidden), 0),
+                f"blk.{i}.ffn_norm.weight": ((hidden,), 0),
+                f"blk.{i}.ffn_gate.weight": ((ffn, hidden), 0),
+                f"blk.{i}.ffn_up.weight": ((ffn, hidden), 0),
+                f"blk.{i}.ffn_down.weight": ((hidden, ffn), 0),
+            }
+        )
+    tensors["output_norm.weight"] = ((hidden,), 0)
+    tensors["output.weight"] = ((vocab, hidden), 0)
+    return tensors

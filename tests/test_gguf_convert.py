@@ -168,6 +168,26 @@ def test_requantizing_warns_about_stacked_error(tiny_llama: Path, tmp_path: Path
     assert any("both quantization errors" in w for w in result.warnings)
 
 
+def test_requantized_file_records_its_own_recipe(tiny_llama: Path, tmp_path: Path) -> None:
+    """llama.cpp copies the source's metadata: an F16 file's recipe must not survive into
+    the Q4_K_M made from it."""
+    from edgekit.converters.convert import convert_model
+
+    f16 = tmp_path / "f16.gguf"
+    convert_model(tiny_llama, "gguf", f16, quant="F16", recipe="kv_cache=q8_0")
+    assert json.loads(read_gguf_header(f16).get("edgekit.recipe"))["weights"] == "F16"
+    q4 = tmp_path / "q4.gguf"
+    convert_model(f16, "gguf", q4, quant="Q4_K_M", recipe="output=Q6_K")
+    header = read_gguf_header(q4)
+    recipe = json.loads(header.get("edgekit.recipe"))
+    assert recipe == {"weights": "Q4_K_M", "output": "Q6_K", "kv_cache": "f16"}
+    assert header.get("general.file_type") == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    # and requantizing again records the new format
+    plain = tmp_path / "plain.gguf"
+    convert_model(q4, "gguf", plain, quant="Q8_0")
+    assert json.loads(read_gguf_header(plain).get("edgekit.recipe"))["weights"] == "Q8_0"
+
+
 @pytest.mark.parametrize(
     "quant", ["Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_S", "Q4_0", "IQ4_NL", "Q3_K_M", "Q2_K", "BF16"]
 )
