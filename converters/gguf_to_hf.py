@@ -28,7 +28,7 @@ from edgekit.converters.gguf_tokenizer import dump_tokenizer, hf_tokenizer_files
 from edgekit.converters.tensor_io import write_safetensors
 
 from edgekit.architectures import Dimensions, Family, expected_tensors, family_for_gguf
-from edgekit.atomic import atomic_path, check_destination
+from edgekit.atomic import atomic_path, check_destination, write_new
 from edgekit.errors import ModelFormatError, UnsupportedConversionError
 from edgekit.gguf_header import GGUFHeader, read_gguf_header
 from edgekit.inspection import inspect_model, spec_from_gguf
@@ -98,13 +98,14 @@ def gguf_to_hf(
 
     with atomic_path(out, force=force) as tmp:
         tmp.mkdir()
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        (tmp / "tokenizer.json").write_text(dump_tokenizer(tokenizer), encoding="utf-8")
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+        write_new(tmp / "config.json", json.dumps(config, indent=2))
+        write_new(tmp / "tokenizer.json", dump_tokenizer(tokenizer))
+        write_new(tmp / "tokenizer_config.json", json.dumps(tokenizer_config, indent=2))
         template = header.get("tokenizer.chat_template")
         if isinstance(template, str):
-            (tmp / "chat_template.jinja").write_text(template, encoding="utf-8")
-        (tmp / "edgekit.json").write_text(
+            write_new(tmp / "chat_template.jinja", template)
+        write_new(
+            tmp / "edgekit.json",
             json.dumps(
                 {
                     "converted_from": str(src),
@@ -112,7 +113,7 @@ def gguf_to_hf(
                     "warnings": list(warnings),
                 },
                 indent=2,
-            )
+            ),
         )
         order = [(hf, header.tensors[i]) for i, hf in enumerate(names)]
         shapes = [(hf, t.shape) for hf, t in order]

@@ -8,7 +8,6 @@ one tensor's data at a time) into a temporary sibling, read back, and renamed in
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from edgekit.architectures import dimensions_from_config, family_for_hf
 from edgekit.atomic import atomic_path, check_destination
 from edgekit.errors import ConversionError, UnsupportedConversionError
 from edgekit.gguf_header import read_gguf_header
-from edgekit.inspection import inspect_model, spec_from_gguf
+from edgekit.inspection import inspect_model, read_config, spec_from_gguf
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
 from edgekit.safetensors_header import TensorLocation, locate_tensors
 
@@ -91,7 +90,7 @@ def hf_to_gguf(
             f"{src}: needs a Hugging Face folder with safetensors weights",
             hint="a GGUF is converted with --to gguf --quant (requantize) or --to hf",
         )
-    config: dict[str, Any] = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    config: dict[str, Any] = read_config(src)
     family = family_for_hf(config.get("model_type"), config.get("architectures"))
     if "text_config" in config:
         raise UnsupportedConversionError(
