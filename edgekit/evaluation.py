@@ -44,6 +44,28 @@ def open_reference(reference: str, bundle: Path | None = None) -> tuple[LogitSou
     )
 
 
+#: An evaluation text is a book at most (Pride and Prejudice is 0.7 MB): 64 MiB bounds it.
+MAX_EVAL_TEXT = 64 * 2**20
+
+
+def _read_eval_text(path: Path) -> str:
+    """The evaluation text, read as untrusted: a regular file of bounded size.
+
+    Raises:
+        EvalError: missing, not a regular file, unreadable or too large.
+    """
+    from edgekit.safe_files import read_capped
+
+    hint = "pass a UTF-8 text file with --text, or leave it out for the shipped text"
+    try:
+        raw = read_capped(path, max_bytes=MAX_EVAL_TEXT, error=EvalError, hint=hint)
+    except FileNotFoundError as exc:
+        raise EvalError(f"{path}: no such text file", hint=hint) from exc
+    except OSError as exc:  # a name too long, a loop of links...
+        raise EvalError(f"{path}: cannot be opened ({exc.strerror})", hint=hint) from exc
+    return raw.decode("utf-8", errors="replace")
+
+
 def eval_bundle(
     bundle: str | Path,
     *,
@@ -60,7 +82,7 @@ def eval_bundle(
     import edgekit
     from edgekit.converters import quality
 
-    text = Path(text_file).read_text(encoding="utf-8", errors="replace") if text_file else None
+    text = _read_eval_text(Path(text_file)) if text_file else None
     session = edgekit.load(bundle, variant=variant, logits=True, context=max(ctx, 512))
     ref, closer = open_reference(reference, Path(bundle))
     try:
