@@ -372,9 +372,9 @@ def grouped_layout(
 
 def openvino_layout(spec: ModelSpec, fmt: str, *, group_size: int | None = None) -> WeightLayout:
     """``spec`` compressed by NNCF as edgekit exports it: 4-bit formats keep the embedding
-    (and an untied lm_head) at INT8 per channel, NNCF's backup precision. "F16" means no
-    compression: the export keeps the source's float type, and a GGUF source is
-    dequantized to f32 first, so both come out at 4 bytes per weight.
+    (and an untied lm_head) at INT8 per channel, NNCF's backup precision. "F16" stores
+    every float constant as f16 (openvino's compress_to_fp16, norms included), whatever
+    the source's float type: 2 bytes per weight.
 
     Raises:
         UnsupportedConversionError: ``fmt`` is not an OpenVINO format.
@@ -385,8 +385,22 @@ def openvino_layout(spec: ModelSpec, fmt: str, *, group_size: int | None = None)
             f"{fmt!r} is not an OpenVINO format",
             hint=f"choose one of {', '.join(OPENVINO_SCHEMES)}",
         )
-    if scheme.bits == 16 and (spec.format == "gguf" or spec.dtype == "F32"):
-        scheme = IntScheme(bits=32, group=-1, zero_point=False)
+    if scheme.bits == 16:
+        return WeightLayout(
+            target="openvino",
+            format=fmt,
+            tensors=tuple(
+                TensorLayout(
+                    name=t.name,
+                    role=tensor_role(t),
+                    shape=t.shape,
+                    storage="F16",
+                    nbytes=_numel(t.shape) * 2,
+                )
+                for t in spec.tensors
+            ),
+            tied_embeddings=spec.tied_embeddings,
+        )
     if group_size and scheme.bits == 4:
         scheme = IntScheme(bits=4, group=group_size, zero_point=scheme.zero_point)
     backup = INT8_CHANNEL_ASYM if scheme.bits == 4 else None

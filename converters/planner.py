@@ -3,9 +3,11 @@ predicted memory, speed, power and quality loss; the ones that fit, ranked; a pi
 one-line reason for every rejection.
 
 Ranking among the candidates that meet every budget: the best quality tier first (mean KL
-against the source: near lossless <= 0.01, small <= 0.05, moderate <= 0.15, large), then
-the fastest decode within it, then candidates edgekit can build before those it can only
-predict. When nothing fits, the plan names the smallest option and how far it misses.
+against the source: near lossless <= 0.01, small <= 0.05, moderate <= 0.15, large); within
+a tier, from an already-quantized source, those that do not requantize it up (more bits
+recover nothing of what its quantization lost); then candidates edgekit can build before
+those it can only predict; then the fastest decode. When nothing fits, the plan names the
+smallest option and how far it misses.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.converters import calibration, quality
+from edgekit.converters.gguf_formats import GGUF_FORMATS, QUANTIZED_FILE_TYPES
 from edgekit.converters.layouts import (
     IntScheme,
     WeightLayout,
@@ -35,10 +38,11 @@ from edgekit.converters.predict import (
 
 from edgekit.devices import GIB, DeviceProfile, PowerMode
 from edgekit.errors import PlanError
-from edgekit.memory_estimate import KV_BYTES
+from edgekit.memory_estimate import KV_BYTES, WINDOWED_KV, attention_layers, kv_cache_bytes
 from edgekit.modelspec import ModelSpec
 
 DEFAULT_CONTEXT = 4096
+MIB = 1 << 20
 
 # Formats the planner considers per target and unit kind, most precise first.
 FORMATS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -112,6 +116,10 @@ class Candidate:
     build_note: str
     rejections: tuple[str, ...]
     storage: dict[str, int] = field(default_factory=dict)  # bytes per storage type
+    # From an already-quantized source: more bits per weight than the source stores
+    # (requantizing up recovers nothing of what the source's quantization lost).
+    requantizes_up: bool = False
+    quality_note: str = ""
 
     @property
     def fits(self) -> bool:
@@ -254,6 +262,117 @@ def _buildable(spec: ModelSpec, target: str, fmt: str) -> tuple[bool, str]:
     return True, ""
 
 
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceQuantization:
+    """An already-quantized GGUF source: what its file type says and what its matrices
+    really store."""
+
+    file_type: str
+    bits_per_weight: float  # over the matrices (norms and biases excluded)
+    tensor_types: dict[str, str]  # tensor name -> ggml type
+
+
+def _bits_per_weight(matrices: list[tuple[tuple[int, ...], int]]) -> float:
+    weights = sum(_numel(shape) for shape, _ in matrices)
+    return 8.0 * sum(nbytes for _, nbytes in matrices) / max(weights, 1)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def source_quantization(spec: ModelSpec) -> SourceQuantization | None:
+    """The quantization an already-quantized GGUF carries (None for float sources): any
+    matrix stored in a block type means every format planned from it stacks on, or
+    cannot undo, that quantization."""
+    if spec.format != "gguf":
+        return None
+    matrices = [t for t in spec.tensors if len(t.shape) >= 2]
+    if not any(t.dtype not in FLOAT_TYPES for t in matrices):
+        return None
+    counts: dict[str, int] = {}
+    for t in matrices:
+        counts[t.dtype] = counts.get(t.dtype, 0) + t.nbytes
+    return SourceQuantization(
+        file_type=spec.file_type or max(counts, key=lambda k: counts[k]),
+        bits_per_weight=_bits_per_weight([(t.shape, t.nbytes) for t in matrices]),
+        tensor_types={t.name: t.dtype for t in spec.tensors},
+    )
+
+
+def _layout_bits(layout: WeightLayout) -> float:
+    return _bits_per_weight([(t.shape, t.nbytes) for t in layout.tensors if t.role != "vector"])
+
+
+def _copies_source(layout: WeightLayout, source: SourceQuantization) -> bool:
+    """llama.cpp's quantizer copies a tensor that already has the type it would choose
+    (llama-quant.cpp: ``quantize = cur_type != new_type``): when that holds for every
+    tensor, the "conversion" is the source file itself."""
+    return layout.target == "llamacpp" and all(
+        source.tensor_types.get(t.name) == t.storage for t in layout.tensors
+    )
+
+
+def formats_for(target: str, kind: str, source: SourceQuantization | None) -> tuple[str, ...]:
+    """The formats planned for a target and unit, most bits first; from an
+    already-quantized GGUF, the source's own llama.cpp file type too (kept as it is, it
+    loses nothing more)."""
+    formats = FORMATS.get((target, kind), ())
+    if target != "llamacpp" or source is None:
+        return formats
+    own = source.file_type
+    if own not in QUANTIZED_FILE_TYPES or own in formats:
+        return formats
+    return tuple(sorted((*formats, own), key=lambda f: -GGUF_FORMATS[f].bits_per_weight))
+
+
+def _source_notes(source: SourceQuantization | None) -> list[str]:
+    if source is None:
+        return []
+    return [
+        f"the source is already {source.file_type} ({source.bits_per_weight:.1f} bits per "
+        "weight): quality figures are losses against that file, not against the original "
+        f"model. Formats that store more bits recover nothing of what {source.file_type} "
+        "lost and only cost memory: within a quality tier they rank after those that do "
+        "not. Quantize from the F16/BF16/F32 original when you have it"
+    ]
+
+
+def _window_notes(spec: ModelSpec, profile: DeviceProfile, context: int) -> list[str]:
+    layers = attention_layers(spec)
+    if spec.sliding_window is None:
+        return []
+    if not layers.windowed:
+        return [
+            f"the model sets a {spec.sliding_window}-token sliding window, but no runtime "
+            f"edgekit plans for keeps only the window for {spec.family}: the KV cache is "
+            "counted for the whole context on every layer"
+        ]
+    full = kv_cache_bytes(spec, context, "f16")
+    notes = []
+    for target in profile.targets:
+        if spec.family in WINDOWED_KV.get(target, ()):
+            kv = kv_cache_bytes(spec, context, "f16", target=target)
+            notes.append(
+                f"{layers.describe()}: {target} keeps only the window on those layers, "
+                f"{kv / MIB:,.0f} MiB of f16 KV cache at ctx {context} instead of "
+                f"{full / MIB:,.0f} MiB"
+            )
+    others = [t for t in profile.targets if spec.family not in WINDOWED_KV.get(t, ())]
+    if others:
+        notes.append(
+            f"{', '.join(others)}: the whole context on every layer (no windowed KV cache "
+            f"for {spec.family}), {full / MIB:,.0f} MiB of f16 KV cache at ctx {context}"
+        )
+    return notes
+
+
 def plan(
     spec: ModelSpec,
     profile: DeviceProfile,
@@ -286,6 +405,9 @@ def plan(
     mode, mode_why = choose_power_mode(profile, budgets.watts)
     if mode is not None:
         notes.append(f"power mode {mode.name} ({mode_why}): {mode.note}".rstrip(": "))
+    source = source_quantization(spec)
+    notes += _source_notes(source)
+    notes += _window_notes(spec, profile, budgets.context)
     candidates: list[Candidate] = []
     for target in profile.targets:
         units = units_for(profile, target, mode)
@@ -296,9 +418,9 @@ def plan(
             kind = unit.accelerator.kind
             prior = coefficients(target, unit, spec)
             coeff = _calibrated(prior, target, kind, unit, spec, calibrate_for)
-            for fmt in FORMATS.get((target, kind), ()):
+            for fmt in formats_for(target, kind, source):
                 candidates.append(
-                    _candidate(spec, profile, budgets, target, unit, fmt, coeff, mode)
+                    _candidate(spec, profile, budgets, target, unit, fmt, coeff, mode, source)
                 )
     if not candidates:
         raise PlanError(
@@ -340,8 +462,15 @@ def _shortfall(c: Candidate) -> tuple[int, int]:
     return over, len(c.rejections)
 
 
-def _rank(c: Candidate) -> tuple[int, int, float]:
-    return (_tier_rank(c.quality_tier), 0 if c.buildable else 1, -(c.prediction.decode_tok_s or 0))
+def _rank(c: Candidate) -> tuple[int, int, int, float]:
+    """Quality tier, then (from a quantized source) the candidates that do not spend bits
+    the source does not have, then buildable, then decode speed."""
+    return (
+        _tier_rank(c.quality_tier),
+        1 if c.requantizes_up else 0,
+        0 if c.buildable else 1,
+        -(c.prediction.decode_tok_s or 0),
+    )
 
 
 def _calibrated(
@@ -372,6 +501,7 @@ def _candidate(
     fmt: str,
     coeff: Coefficients,
     mode: PowerMode | None,
+    source: SourceQuantization | None = None,
 ) -> Candidate:
     layout = layout_for(spec, target, fmt)
     acc = unit.accelerator
@@ -387,7 +517,10 @@ def _candidate(
         watts_cap=budgets.watts,
     )
     limit, why = _limit_why(profile, unit, budgets)
-    kl, source = expected_quality(target, fmt)
+    kl, kl_source = expected_quality(target, fmt)
+    up, quality_note = False, ""
+    if source is not None:
+        kl, kl_source, up, quality_note = _from_quantized_source(layout, source, kl, kl_source)
     reasons: list[str] = []
     name = f"{target} {fmt}"
     if pred.memory_bytes > limit:
@@ -425,7 +558,7 @@ def _candidate(
             )
         elif kl > budgets.max_quality_loss:
             reasons.append(
-                f"{name} loses ~{kl:.3f} nats/token ({source}), more than --max-quality-loss "
+                f"{name} loses ~{kl:.3f} nats/token ({kl_source}), more than --max-quality-loss "
                 f"{budgets.max_quality_loss:g}"
             )
     buildable, build_note = _buildable(spec, target, fmt)
@@ -439,13 +572,40 @@ def _candidate(
         memory_limit_bytes=limit,
         memory_limit_why=why,
         quality_loss=kl,
-        quality_source=source,
+        quality_source=kl_source,
         quality_tier=tier(kl),
         buildable=buildable,
         build_note=build_note,
         rejections=tuple(reasons),
         storage=layout.by_storage(),
+        requantizes_up=up,
+        quality_note=quality_note,
     )
+
+
+def _from_quantized_source(
+    layout: WeightLayout, source: SourceQuantization, kl: float | None, kl_source: str
+) -> tuple[float | None, str, bool, str]:
+    """(expected loss, where it comes from, requantizes up, note) of ``layout`` built from
+    an already-quantized source. Kept as it is, the source loses nothing more; any other
+    format is judged against the source file, and one with more bits than the source is
+    marked: it recovers nothing of what the source's quantization lost."""
+    name = source.file_type
+    if _copies_source(layout, source):
+        return 0.0, f"the {name} source as it is (llama.cpp copies every tensor)", False, ""
+    where = (
+        f"lossless against the {name} source (not the original model)"
+        if kl == 0.0
+        else f"{kl_source}; against the {name} source, not the original model"
+    )
+    bits = _layout_bits(layout)
+    if bits <= source.bits_per_weight * 1.01:
+        return kl, where, False, ""
+    note = (
+        f"requantizes up: {bits:.1f} bits per weight from a {source.bits_per_weight:.1f}-bit "
+        f"{name} source, recovering nothing of what {name} lost"
+    )
+    return kl, where, True, note
 
 
 # Table columns both `edgekit plan` and the TUI's Plan tab show (each adds one of its own).
@@ -488,6 +648,8 @@ def describe(c: Candidate) -> str:
         else f"{c.quality_tier} (KL {c.quality_loss:.3f})"
     )
     parts.append(loss)
+    if c.quality_note:
+        parts.append(c.quality_note)
     return f"{c.label}: " + ", ".join(parts) + f" [{p.basis}]"
 
 

@@ -14,13 +14,14 @@ and is replaced by a fit to ``edgekit bench`` measurements when the device is th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from edgekit.converters.layouts import WeightLayout
 
 from edgekit.devices import GIB, Accelerator, DeviceProfile, PowerMode
-from edgekit.memory_estimate import KV_BYTES, OUTPUT_BUFFER_ROWS, RUNTIME_BASE
+from edgekit.memory_estimate import OUTPUT_BUFFER_ROWS, RUNTIME_BASE, kv_cache_bytes
 from edgekit.modelspec import ModelSpec
 
 Basis = Literal["first estimate", "calibrated"]
@@ -257,9 +258,14 @@ class Prediction:
     why: str  # the arithmetic behind the decode figure, in one line
 
 
-def kv_bytes(spec: ModelSpec, tokens: int, kv_type: str) -> int:
-    per = KV_BYTES.get(kv_type, 2.0)
-    return int(2 * spec.layers * spec.kv_heads * spec.head_dim * tokens * per)
+def kv_bytes(
+    spec: ModelSpec, tokens: int, kv_type: str, target: str | None = None, *, read: bool = False
+) -> int:
+    """KV-cache bytes with ``tokens`` in the context as ``target`` allocates them (``read``:
+    as a decode step reads them). A runtime with a windowed cache keeps only the window
+    on sliding-window layers (edgekit/memory_estimate.py); ``target=None`` counts every
+    token on every layer."""
+    return kv_cache_bytes(spec, tokens, kv_type, target=target, allocated=not read)
 
 
 def prefill_flops_per_token(layout: WeightLayout, spec: ModelSpec, tokens: int) -> float:
@@ -269,14 +275,19 @@ def prefill_flops_per_token(layout: WeightLayout, spec: ModelSpec, tokens: int) 
 
 
 def prefill_seconds(c: Coefficients, flops_per_token: float, peak_tflops: float) -> float:
-    return c.prefill_token_overhead_s + flops_per_token / (
-        c.compute_efficiency * peak_tflops * 1e12
-    )
+    """Seconds per prompt token (inf when the efficiency or peak is not positive)."""
+    rate = c.compute_efficiency * peak_tflops * 1e12
+    if not rate > 0:
+        return math.inf
+    return c.prefill_token_overhead_s + flops_per_token / rate
 
 
 def decode_seconds(
     c: Coefficients, bytes_per_token: float, bandwidth_gbps: float, layers: int = 0
 ) -> float:
+    """Seconds per generated token (inf when the efficiency or bandwidth is not positive)."""
+    if not c.bandwidth_efficiency * bandwidth_gbps > 0:
+        return math.inf
     curve = c.decode_curve
     if len(curve) >= 2 and curve[0][0] <= bytes_per_token <= curve[-1][0]:
         for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
@@ -307,15 +318,17 @@ def predict(
     kv_type: str,
     watts_cap: float | None,
 ) -> Prediction:
-    kv_full = kv_bytes(spec, context, kv_type)
+    target = layout.target
+    kv_full = kv_bytes(spec, context, kv_type, target)
     memory = int(layout.total_bytes * c.weight_residency + kv_full * c.kv_scale) + c.runtime_bytes
     decode = decode_full = None
     why = "no memory bandwidth figure for this device"
     if unit.bandwidth_gbps:
         read = layout.bytes_per_token
-        short = read + kv_bytes(spec, SHORT_DECODE_CONTEXT, kv_type)
-        decode = 1.0 / decode_seconds(c, short, unit.bandwidth_gbps, spec.layers)
-        decode_full = 1.0 / decode_seconds(c, read + kv_full, unit.bandwidth_gbps, spec.layers)
+        short = read + kv_bytes(spec, SHORT_DECODE_CONTEXT, kv_type, target, read=True)
+        full = read + kv_bytes(spec, context, kv_type, target, read=True)
+        decode = _per_second(decode_seconds(c, short, unit.bandwidth_gbps, spec.layers))
+        decode_full = _per_second(decode_seconds(c, full, unit.bandwidth_gbps, spec.layers))
         why = (
             f"{read / 1e6:,.0f} MB read per token at {c.bandwidth_efficiency:.0%} of "
             f"{unit.bandwidth_gbps:g} GB/s + {c.token_overhead_s * 1e3:.2g} ms per token"
@@ -323,7 +336,7 @@ def predict(
     prefill = None
     if unit.peak_tflops:
         flops = prefill_flops_per_token(layout, spec, PREFILL_TOKENS)
-        prefill = 1.0 / prefill_seconds(c, flops, unit.peak_tflops)
+        prefill = _per_second(prefill_seconds(c, flops, unit.peak_tflops))
     watts = _watts(profile, unit.power_mode, watts_cap)
     if watts is not None and watts_cap is not None and watts_cap < profile.power.typical_w:
         # Below the sustained draw the device throttles: scale throughput with the power
@@ -334,7 +347,7 @@ def predict(
             decode = decode * share if decode else decode
             decode_full = decode_full * share if decode_full else decode_full
             prefill = prefill * share if prefill else prefill
-    joules = watts / decode if watts and decode else None
+    joules = watts / decode if watts and watts > 0 and decode else None
     return Prediction(
         weights_bytes=layout.total_bytes,
         kv_cache_bytes=kv_full,
@@ -348,6 +361,15 @@ def predict(
         basis=c.basis,
         why=why,
     )
+
+
+def _per_second(seconds: float) -> float | None:
+    """A rate from a time per item; None (no prediction) rather than a negative, infinite
+    or NaN rate when coefficients fitted to odd measurements give a time that is not a
+    positive number."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return 1.0 / seconds
 
 
 def _watts(profile: DeviceProfile, mode: PowerMode | None, cap: float | None) -> float | None:

@@ -1,8 +1,21 @@
 """A first estimate of the memory a loaded model takes: weights + KV cache + runtime.
 
     weights   the variant's files (memory-mapped; every page is touched when generating)
-    KV cache  2 (K and V) x layers x KV heads x head dim x context x bytes per element
+    KV cache  2 (K and V) x KV heads x head dim x bytes per element, summed over layers of
+              the positions each layer holds (below)
     runtime   48 MiB + vocabulary x 4 bytes x 64 (compute and output buffers)
+
+Positions per layer. A layer with full attention holds the whole context. A layer with a
+sliding window (Gemma 3: five of every six layers attend to the last 512 or 1024 tokens)
+needs only the window, but only a runtime that implements it allocates less:
+
+    llama.cpp   the gemma3 graph's iSWA cache (llama-kv-cache-iswa.cpp, ``swa_full`` off):
+                pad256(min(pad256(ctx), window + n_ubatch)) cells on windowed layers and
+                pad256(ctx) on the others. Its phi3 graph disables the window and its
+                llama (Mistral) and qwen2 graphs have none: full cache on every layer.
+    MLX         mlx-lm's gemma3 cache: a rotating buffer of the window on windowed layers.
+    others      (OpenVINO's stateful KV cache, QNN, TensorRT): the whole context on every
+                layer, window or not.
 
 The runtime term was fitted on this project's machine: SmolLM2-135M Q4_1 under llama.cpp
 measured 170.6 / 254.6 / 349.0 MB above the process baseline at contexts 512 / 4096 /
@@ -12,8 +25,12 @@ measurements (calibration); until then it is labelled an estimate wherever it is
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from edgekit.errors import ModelFormatError
 from edgekit.modelspec import ModelSpec
 
 # KV-cache type -> bytes per element (block types include their scales)
@@ -31,6 +48,38 @@ KV_BYTES: dict[str, float] = {
 RUNTIME_BASE = 48 << 20
 OUTPUT_BUFFER_ROWS = 64
 
+# Targets whose runtime keeps only the window on sliding-window layers, and the families
+# whose graph there implements the window (see the module docstring).
+WINDOWED_KV: dict[str, frozenset[str]] = {
+    "llamacpp": frozenset({"gemma3"}),
+    "mlx": frozenset({"gemma3"}),
+}
+# llama.cpp pads the context, and the sliding-window cache, to 256 cells, and a windowed
+# layer holds one micro-batch (n_ubatch, 512 in llama-cpp-python) beyond the window.
+LLAMACPP_KV_PAD = 256
+LLAMACPP_UBATCH = 512
+# Gemma 3's layout when the model says nothing: every sixth layer global (transformers'
+# Gemma3TextConfig default; llama.cpp's load_swa_pattern(ml, 6) for gemma3).
+DEFAULT_SWA_PATTERN = {"gemma3": 6}
+_CONFIG_MAX_BYTES = 4 << 20  # a config.json is a few kilobytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionLayers:
+    """How many layers attend to the whole context and how many to a sliding window."""
+
+    full: int
+    windowed: int
+    window: int | None  # tokens; None when no layer has a window
+
+    def describe(self) -> str:
+        if not self.windowed:
+            return f"all {self.full} layers attend to the whole context"
+        return (
+            f"{self.windowed} of {self.full + self.windowed} layers attend to a "
+            f"{self.window}-token sliding window"
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryEstimate:
@@ -43,10 +92,159 @@ class MemoryEstimate:
         return self.weights + self.kv_cache + self.runtime
 
 
+def attention_layers(spec: ModelSpec) -> AttentionLayers:
+    """Which layers of ``spec`` have a sliding window, from the model's own metadata:
+    config.json's ``layer_types`` or ``sliding_window_pattern``, or the GGUF's
+    ``{arch}.attention.sliding_window_pattern`` (what llama.cpp reads), else the family's
+    default pattern. Only families whose windowed cache some runtime implements (Gemma 3)
+    are looked up; for the others the pattern changes no prediction.
+
+    Raises:
+        ModelFormatError: the pattern in the model's metadata is malformed.
+    """
+    window = spec.sliding_window
+    if not window or not any(spec.family in f for f in WINDOWED_KV.values()):
+        return AttentionLayers(full=spec.layers, windowed=0, window=None)
+    pattern = _pattern(spec)
+    windowed = sum(pattern)
+    return AttentionLayers(full=spec.layers - windowed, windowed=windowed, window=window)
+
+
+def kv_positions(
+    spec: ModelSpec, tokens: int, target: str | None, *, allocated: bool = True
+) -> tuple[int, int]:
+    """(positions a full-attention layer holds, positions a windowed layer holds) when
+    ``target`` runs ``spec`` with ``tokens`` in the context. ``allocated``: what the
+    runtime allocates (llama.cpp's padding and micro-batch included); otherwise the
+    positions a decode step reads. ``target=None``: every layer holds every token."""
+    pad = allocated and target == "llamacpp"
+    full = _pad(tokens, LLAMACPP_KV_PAD) if pad else tokens
+    layers = attention_layers(spec)
+    if layers.window is None or spec.family not in WINDOWED_KV.get(target or "", ()):
+        return full, full
+    if pad:
+        return full, _pad(min(full, layers.window + LLAMACPP_UBATCH), LLAMACPP_KV_PAD)
+    return full, min(full, layers.window)
+
+
+def kv_cache_bytes(
+    spec: ModelSpec,
+    tokens: int,
+    kv_cache: str = "f16",
+    *,
+    target: str | None = None,
+    allocated: bool = True,
+) -> int:
+    """Bytes of the KV cache ``target`` holds for ``spec`` with ``tokens`` in the context
+    (``allocated=False``: the bytes a decode step reads; ``target=None``: every token on
+    every layer)."""
+    per_position = 2 * spec.kv_heads * spec.head_dim * KV_BYTES.get(kv_cache, 2.0)
+    full, windowed = kv_positions(spec, tokens, target, allocated=allocated)
+    if full == windowed:
+        return int(spec.layers * full * per_position)
+    layers = attention_layers(spec)
+    return int((layers.full * full + layers.windowed * windowed) * per_position)
+
+
 def estimate_memory(
-    spec: ModelSpec, *, weight_bytes: int, context: int, kv_cache: str = "f16"
+    spec: ModelSpec,
+    *,
+    weight_bytes: int,
+    context: int,
+    kv_cache: str = "f16",
+    target: str | None = None,
 ) -> MemoryEstimate:
-    per_element = KV_BYTES.get(kv_cache, 2.0)
-    kv = int(2 * spec.layers * spec.kv_heads * spec.head_dim * context * per_element)
+    """``target`` is the runtime the variant runs on; None infers it from the file (a GGUF
+    runs on llama.cpp; anything else holds the whole context on every layer)."""
+    if target is None and spec.format == "gguf":
+        target = "llamacpp"
+    kv = kv_cache_bytes(spec, context, kv_cache, target=target)
     runtime = RUNTIME_BASE + spec.vocab_size * 4 * OUTPUT_BUFFER_ROWS
     return MemoryEstimate(weights=weight_bytes, kv_cache=kv, runtime=runtime)
+
+
+def _pad(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+# ---------------------------------------------------------------------------------------
+# The per-layer pattern, read from the model's metadata (once per file version).
+
+
+def _pattern(spec: ModelSpec) -> tuple[bool, ...]:
+    path = Path(spec.path)
+    try:
+        st = path.stat()
+    except OSError:  # a spec built in memory (tests, configs): the family's default
+        return _from_period(DEFAULT_SWA_PATTERN.get(spec.family, 0), spec.layers)
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    return _pattern_of_file(*key, spec.format, spec.architecture, spec.family, spec.layers)
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern_of_file(
+    path: str, _mtime: int, _size: int, fmt: str, arch: str, family: str, layers: int
+) -> tuple[bool, ...]:
+    if fmt == "gguf":
+        from edgekit.gguf_header import read_gguf_header
+
+        value = read_gguf_header(path).get(f"{arch}.attention.sliding_window_pattern")
+        where = f"{path}: {arch}.attention.sliding_window_pattern"
+        if value is None:
+            return _from_period(DEFAULT_SWA_PATTERN.get(family, 0), layers)
+        return _checked(value, layers, where, entry=bool, names={True: True, False: False})
+    config = _hf_text_config(Path(path))
+    types = config.get("layer_types")
+    if types is not None:
+        return _checked(
+            types,
+            layers,
+            f"{path}: config.json layer_types",
+            entry=str,
+            names={"sliding_attention": True, "full_attention": False},
+        )
+    period = config.get("sliding_window_pattern", DEFAULT_SWA_PATTERN.get(family, 0))
+    return _checked(
+        period, layers, f"{path}: config.json sliding_window_pattern", entry=int, names={}
+    )
+
+
+def _hf_text_config(folder: Path) -> dict[str, Any]:
+    from edgekit.untrusted import parse_json
+
+    file = folder / "config.json" if folder.is_dir() else folder
+    config = parse_json(
+        file.read_bytes(), where=str(file), max_bytes=_CONFIG_MAX_BYTES, error=ModelFormatError
+    )
+    if not isinstance(config, dict):
+        raise ModelFormatError(f"{file}: not a JSON object")
+    nested = config.get("text_config")
+    return nested if isinstance(nested, dict) else config
+
+
+def _checked(
+    value: Any, layers: int, where: str, *, entry: type, names: dict[Any, bool]
+) -> tuple[bool, ...]:
+    """A period (a non-negative integer) or one ``entry`` per layer, each a key of
+    ``names``; anything else is refused, never guessed."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return _from_period(value, layers)
+    if (
+        isinstance(value, list)
+        and len(value) == layers
+        and all(type(v) is entry and v in names for v in value)
+    ):
+        return tuple(names[v] for v in value)
+    allowed = ", ".join(repr(n) for n in names)
+    raise ModelFormatError(
+        f"{where} is malformed: expected a period or {layers} entries of {allowed}",
+        hint="the model's metadata is damaged; re-export it",
+    )
+
+
+def _from_period(period: int, layers: int) -> tuple[bool, ...]:
+    """llama.cpp's set_swa_pattern (and transformers' sliding_window_pattern): with period
+    n, layer i is windowed unless i % n == n - 1; n == 0 windows every layer; n == 1 none."""
+    if period == 0:
+        return (True,) * layers
+    return tuple(i % period < period - 1 for i in range(layers))

@@ -4,6 +4,7 @@ device limits, power modes; calibration fits; the CLI."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,10 +38,30 @@ def _config_spec(tmp_path: Path, config: dict[str, object], name: str) -> ModelS
     return inspect_model(folder)
 
 
+def _as_float(spec: ModelSpec) -> ModelSpec:
+    """``spec`` as if its GGUF held F16 matrices (F32 vectors): a float source of the same
+    shape, for the choices a float source gets."""
+    tensors = tuple(
+        replace(t, dtype="F16", nbytes=t.numel * 2)
+        if len(t.shape) >= 2
+        else replace(t, dtype="F32", nbytes=t.numel * 4)
+        for t in spec.tensors
+    )
+    return replace(
+        spec,
+        tensors=tensors,
+        dtype="F16",
+        file_type="F16",
+        weight_bytes=sum(t.nbytes for t in tensors),
+    )
+
+
 @pytest.fixture
 def specs(tmp_path: Path, default_gguf: Path) -> dict[str, ModelSpec]:
+    smollm2 = inspect_model(default_gguf)
     return {
-        "smollm2": inspect_model(default_gguf),
+        "smollm2": smollm2,  # the embedded Q4_1 file: an already-quantized source
+        "smollm2-f16": _as_float(smollm2),
         "7b": _config_spec(tmp_path, MISTRAL_7B, "mistral-7b"),
         "70b": _config_spec(tmp_path, LLAMA_70B, "llama-70b"),
     }
@@ -56,10 +77,18 @@ def _pick(p: Plan) -> str:
 # (model, device, budgets) -> the pick. Each row is a judgement a user can check: the best
 # quality tier that fits every budget, the fastest within it.
 TABLE: list[tuple[str, str, Budgets, str]] = [
-    ("smollm2", "galaxy-s25-ultra", Budgets(), "llamacpp Q6_K cpu"),
-    ("smollm2", "galaxy-s25-ultra", Budgets(memory_bytes=260 << 20), "llamacpp Q4_K_M cpu"),
+    ("smollm2-f16", "galaxy-s25-ultra", Budgets(), "llamacpp Q6_K cpu"),
+    ("smollm2-f16", "galaxy-s25-ultra", Budgets(memory_bytes=260 << 20), "llamacpp Q4_K_M cpu"),
+    ("smollm2-f16", "galaxy-s25-ultra", Budgets(memory_bytes=250_000_000), "llamacpp Q3_K_M cpu"),
+    ("smollm2-f16", "intel-core-ultra-7-258v-laptop", Budgets(), "openvino INT8 cpu"),
+    # The Q4_1 file itself: kept as it is (llama.cpp copies every tensor), it loses
+    # nothing more and is smaller than any format that requantizes it up.
+    ("smollm2", "galaxy-s25-ultra", Budgets(), "llamacpp Q4_1 cpu"),
+    ("smollm2", "galaxy-s25-ultra", Budgets(max_quality_loss=0.001), "llamacpp Q4_1 cpu"),
+    ("smollm2", "intel-core-ultra-7-258v-laptop", Budgets(), "llamacpp Q4_1 cpu"),
+    ("smollm2", "rtx-4090-desktop", Budgets(), "llamacpp Q4_1 gpu"),
+    # below the Q4_1 file's own needs, requantizing down is what is left
     ("smollm2", "galaxy-s25-ultra", Budgets(memory_bytes=250_000_000), "llamacpp Q3_K_M cpu"),
-    ("smollm2", "intel-core-ultra-7-258v-laptop", Budgets(), "openvino INT8 cpu"),
     ("7b", "galaxy-s25-ultra", Budgets(), "llamacpp Q4_K_M cpu"),
     ("7b", "galaxy-s25-ultra", Budgets(memory_bytes=4 * GIB), "llamacpp Q3_K_M cpu"),
     ("7b", "galaxy-s25-ultra", Budgets(memory_bytes=3 * GIB), "none; closest llamacpp Q2_K"),
@@ -150,7 +179,7 @@ def test_quality_and_speed_budgets(specs: dict[str, ModelSpec]) -> None:
     p = plan(specs["7b"], laptop, Budgets(min_decode_tok_s=50))
     assert p.choice is None
     assert any("below --min-tps 50" in r for c in p.candidates for r in c.rejections)
-    strict = plan(specs["smollm2"], laptop, Budgets(max_quality_loss=0.005))
+    strict = plan(specs["smollm2-f16"], laptop, Budgets(max_quality_loss=0.005))
     assert strict.choice is not None and strict.choice.format in ("Q8_0", "F16")
     assert any("--max-quality-loss" in r for c in strict.candidates for r in c.rejections)
 
@@ -267,3 +296,61 @@ def test_pack_for_a_device_stores_the_plan(default_gguf: Path, tmp_path: Path) -
     assert predicted["decode_tok_s"] > 0 and predicted["memory_bytes"] < 250e6
     both = runner.invoke(main, ["pack", "--device", "host", "--quant", "Q8_0", "-o", str(out)])
     assert both.exit_code == 2
+
+
+# --- an already-quantized source -------------------------------------------------------
+
+
+def test_a_quantized_source_is_kept_and_requantizing_up_is_marked(
+    specs: dict[str, ModelSpec],
+) -> None:
+    """From the Q4_1 file: Q4_1 itself is a candidate (llama.cpp copies every tensor, so
+    it loses nothing more and is the file's own size); every format with more bits is
+    marked as recovering nothing; the plan says the source is already 4-bit."""
+    p = plan(specs["smollm2"], load_profile("galaxy-s25-ultra"), Budgets())
+    assert any(n.startswith("the source is already Q4_1 (5.7 bits per weight)") for n in p.notes)
+    by = {(c.target, c.format): c for c in p.candidates}
+    own = by[("llamacpp", "Q4_1")]
+    assert p.choice is own and own.quality_loss == 0.0 and not own.requantizes_up
+    assert own.quality_source == "the Q4_1 source as it is (llama.cpp copies every tensor)"
+    assert own.prediction.weights_bytes == specs["smollm2"].weight_bytes
+    for fmt in ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M"):
+        c = by[("llamacpp", fmt)]
+        assert c.requantizes_up, fmt
+        assert "recovering nothing of what Q4_1 lost" in c.quality_note
+        assert "Q4_1 source" in c.quality_source and "not the original model" in c.quality_source
+    for fmt in ("Q4_0", "Q3_K_M", "Q2_K"):  # fewer bits: a second loss, not an upgrade
+        assert not by[("llamacpp", fmt)].requantizes_up, fmt
+    floats = plan(specs["smollm2-f16"], load_profile("galaxy-s25-ultra"), Budgets())
+    assert not any("already" in n for n in floats.notes)
+    assert not any(c.requantizes_up or c.quality_note for c in floats.candidates)
+    assert "Q4_1" not in {c.format for c in floats.candidates}
+
+
+def test_within_a_tier_requantizing_up_ranks_after_what_does_not(
+    specs: dict[str, ModelSpec],
+) -> None:
+    """A source type edgekit does not plan (Q5_1 here) has no as-is candidate: the pick
+    then says it requantizes up; and in a tier, a faster candidate that requantizes up
+    still ranks after one that does not."""
+    from edgekit.converters.planner import _rank
+
+    q4 = specs["smollm2"]
+    q5 = replace(
+        q4,
+        file_type="Q5_1",
+        dtype="Q5_1",
+        tensors=tuple(
+            replace(t, dtype="Q5_1", nbytes=t.numel // 32 * 24) if t.dtype == "Q4_1" else t
+            for t in q4.tensors
+        ),
+    )
+    p = plan(q5, load_profile("galaxy-s25-ultra"), Budgets())
+    assert "Q5_1" not in {c.format for c in p.candidates}
+    assert p.choice is not None and p.choice.requantizes_up
+    assert "requantizes up" in p.summary and "from a 6.5-bit Q5_1 source" in p.summary
+    by = {(c.target, c.format): c for c in plan(q4, load_profile("galaxy-s25-ultra")).candidates}
+    own, up = by[("llamacpp", "Q4_1")], by[("llamacpp", "Q6_K")]
+    assert own.quality_tier == up.quality_tier
+    faster_up = replace(up, prediction=replace(up.prediction, decode_tok_s=1e9))
+    assert sorted([faster_up, own], key=_rank) == [own, faster_up]
