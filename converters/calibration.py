@@ -335,7 +335,9 @@ def sample_from_bench(
     prompt_max = max((p.prompt_tokens for p in run.prefill), default=0)
     decode_tokens = max(run.decode.tokens, 1)
     used = run.context if kv_preallocated else max(prompt_max + 1, decode_tokens + 8)
-    read = layout.bytes_per_token + kv_bytes(spec, decode_tokens // 2 + 8, kv_type)
+    read = layout.bytes_per_token + kv_bytes(
+        spec, decode_tokens // 2 + 8, kv_type, layout.target, read=True
+    )
     long_prefill = next((p for p in run.prefill if p.prompt_tokens >= PREFILL_TOKENS), None)
     flops = prefill = None
     if long_prefill is not None:
@@ -352,7 +354,7 @@ def sample_from_bench(
         flops_per_token=flops,
         prefill_s_per_token=prefill,
         weights_bytes=layout.total_bytes,
-        kv_used_bytes=kv_bytes(spec, used, kv_type),
+        kv_used_bytes=kv_bytes(spec, used, kv_type, layout.target),
         vocab_term_bytes=vocab_term,
         memory_bytes=memory,
         watts=watts,

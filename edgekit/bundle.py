@@ -216,6 +216,7 @@ def pack(
                 weight_bytes=weights,
                 context=context,
                 kv_cache=recipe.kv_cache,
+                target=request.target,
             )
             built.append(
                 Variant(
@@ -661,6 +662,7 @@ def variant_memory(
         weight_bytes=variant.size,
         context=context or variant.runtime.context,
         kv_cache=variant.runtime.kv_cache,
+        target=variant.target,
     )
 
 
