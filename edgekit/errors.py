@@ -27,6 +27,11 @@ Hierarchy::
     ├── EvalError                   an accuracy evaluation cannot be made as asked
     ├── PlanError                   a plan cannot be made as asked (bad budget, no target)
     ├── BenchStoppedError           a benchmark was stopped before it finished
+    ├── ServeError                  `edgekit serve` refuses to start as configured (an empty
+    │   │                           API key, no key beyond loopback without --insecure-no-auth)
+    │   └── RequestError            an HTTP request to the server is malformed or not allowed
+    ├── WriteError                  a file or folder could not be written (no space, read-only,
+    │                               something in the way); nothing partial is left
     ├── ConversionError             a conversion or quantization failed
     │   ├── UnsupportedConversionError  the source, format or option cannot be converted
     │   ├── QualityError            a variant measured worse than --max-quality-loss
@@ -34,7 +39,8 @@ Hierarchy::
     └── TargetError                 a runtime target is unknown or cannot run here
         ├── TargetUnavailableError  its SDK or hardware is missing
         ├── InsufficientMemoryError the model is predicted not to fit in memory
-        └── GenerationError         the runtime failed while loading or generating
+        ├── GenerationError         the runtime failed while loading or generating
+        └── SettingError            a load setting or call argument is invalid (also a ValueError)
 """
 
 from __future__ import annotations
@@ -147,6 +153,27 @@ class BenchStoppedError(EdgekitError):
     """A benchmark was stopped (its ``stop`` event was set) before it finished."""
 
 
+class ServeError(EdgekitError):
+    """``edgekit serve`` refuses to start as configured: an empty API key, or no key on an
+    address beyond loopback without ``--insecure-no-auth``."""
+
+
+class RequestError(ServeError):
+    """An HTTP request to ``edgekit serve`` does not match the OpenAI schema or this
+    server's limits; the server answers it with a 4xx JSON error naming ``param``."""
+
+    def __init__(self, message: str, *, param: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.param = param
+
+
+class WriteError(EdgekitError):
+    """A file or folder could not be written: no space left, a read-only or full disk, no
+    permission, or a folder or link in the way. Nothing partial is left at the destination."""
+
+    default_hint = "free some space or choose another output path, then run it again"
+
+
 class ConversionError(EdgekitError):
     """A conversion or quantization failed; nothing was written at the destination."""
 
@@ -177,3 +204,9 @@ class InsufficientMemoryError(TargetError):
 
 class GenerationError(TargetError):
     """The runtime failed while loading a model or generating."""
+
+
+class SettingError(TargetError, ValueError):
+    """A load setting or a call argument (sampling, prompt, token ids, messages) is of the
+    wrong type or out of range. Checked before the runtime sees it; the message names the
+    valid range. Also a ValueError, so code that catches bad arguments that way still does."""

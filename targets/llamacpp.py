@@ -2,7 +2,14 @@
 
 Settings come from the call, else from the model (the KV-cache type edgekit recorded in
 the GGUF's ``edgekit.recipe``), else from defaults: threads = physical cores, context =
-min(model context, 4096), batch 512, mmap on, no GPU layers.
+min(model context, 4096), batch min(512, context), mmap on, no GPU layers. Every setting is
+checked first (targets/checks.py): llama.cpp aborts the process on a thread count of
+100000 and hangs on a context of 10**9.
+
+Sliding-window models (Gemma 3) run with llama.cpp's windowed KV cache (``swa_full`` off):
+the sliding-window layers keep only the last window of positions (at context 32768 a
+Gemma 3 270M holds 111 MiB of KV instead of 576 MiB). Such a cache can no longer resume
+a prompt from a point before that window, so prompt-prefix reuse starts afresh then.
 """
 
 from __future__ import annotations
@@ -10,17 +17,24 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
+from edgekit.targets import checks
 from edgekit.targets.base import Sampling, Session, SessionInfo, StreamChunk, Target
 from edgekit.targets.catalog import BY_NAME, TargetInfo
 from edgekit.targets.llamacpp_log import route_llamacpp_logs
-from edgekit.targets.text import StopMatcher, Utf8Stream, render_chat_template
+from edgekit.targets.text import (
+    NO_TEMPLATE_HINT,
+    StopMatcher,
+    Utf8Stream,
+    render_chat_template,
+)
 
 from edgekit.errors import GenerationError, TargetUnavailableError
-from edgekit.gguf_header import read_gguf_header
+from edgekit.gguf_header import GGUFHeader, read_gguf_header
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,6 +54,18 @@ KV_TYPES = {
     "bf16": 30,
 }
 DEFAULT_CONTEXT = 4096
+DEFAULT_BATCH = 512
+SETTINGS = (
+    "context",
+    "threads",
+    "batch",
+    "kv_cache",
+    "mmap",
+    "mlock",
+    "gpu_layers",
+    "seed",
+    "logits",
+)
 
 
 class LlamaCppTarget(Target):
@@ -56,26 +82,77 @@ class LlamaCppTarget(Target):
         Raises:
             TargetUnavailableError: llama-cpp-python is not installed.
             ModelFormatError: not a readable GGUF file.
-            GenerationError: llama.cpp refused the file or a setting.
+            SettingError: an unknown setting, or one of the wrong type or out of range.
+            GenerationError: llama.cpp refused the file.
         """
-        return LlamaCppSession(Path(model), **settings)
+        checks.known_settings(settings, SETTINGS, what="llama.cpp setting")
+        return LlamaCppSession(Path(model), settings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Settings:
+    context: int
+    threads: int
+    batch: int
+    kv_cache: str
+    mmap: bool
+    mlock: bool
+    gpu_layers: int
+    seed: int | None
+    logits: bool
+
+
+def _settings(given: dict[str, Any], header: GGUFHeader) -> _Settings:
+    """The checked settings: each given one in its valid range, the rest defaulted.
+
+    Raises:
+        SettingError: a setting of the wrong type or out of range, naming the range.
+    """
+
+    given = {k: v for k, v in given.items() if v is not None}  # None means the default
+    get = given.get
+
+    arch = header.get("general.architecture")
+    trained = header.get(f"{arch}.context_length")
+    model_ctx = trained if isinstance(trained, int) and trained > 0 else DEFAULT_CONTEXT
+    context = (
+        min(model_ctx, DEFAULT_CONTEXT)
+        if get("context") is None
+        else checks.integer(
+            "context", get("context"), low=1, high=model_ctx, note="the model's context length"
+        )
+    )
+    recorded = header.get("edgekit.recipe")
+    try:
+        recipe = json.loads(recorded) if isinstance(recorded, str) else {}
+    except json.JSONDecodeError:
+        recipe = {}
+    kv = get("kv_cache")
+    if kv is None and isinstance(recipe, dict):
+        kv = recipe.get("kv_cache")
+    return _Settings(
+        context=context,
+        threads=psutil.cpu_count(logical=False) or 1
+        if get("threads") is None
+        else checks.integer("threads", get("threads"), low=1, high=checks.max_threads()),
+        batch=min(DEFAULT_BATCH, context)
+        if get("batch") is None
+        else checks.integer("batch", get("batch"), low=1, high=context, note="up to the context"),
+        kv_cache=checks.choice("kv_cache", "f16" if kv is None else kv, tuple(KV_TYPES)),
+        mmap=checks.flag("mmap", given.get("mmap", True)),
+        mlock=checks.flag("mlock", given.get("mlock", False)),
+        gpu_layers=checks.integer(
+            "gpu_layers", given.get("gpu_layers", 0), low=-1, note="-1: all layers"
+        ),
+        seed=None
+        if get("seed") is None
+        else checks.integer("seed", get("seed"), low=0, high=checks.MAX_SEED),
+        logits=checks.flag("logits", given.get("logits", False)),
+    )
 
 
 class LlamaCppSession(Session):
-    def __init__(
-        self,
-        path: Path,
-        *,
-        context: int | None = None,
-        threads: int | None = None,
-        batch: int = 512,
-        kv_cache: str | None = None,
-        mmap: bool = True,
-        mlock: bool = False,
-        gpu_layers: int = 0,
-        seed: int | None = None,
-        logits: bool = False,
-    ) -> None:
+    def __init__(self, path: Path, given: dict[str, Any]) -> None:
         super().__init__()
         try:
             import llama_cpp
@@ -84,56 +161,61 @@ class LlamaCppSession(Session):
                 "llama-cpp-python is not installed", hint="pip install 'edgekit[gguf]'"
             ) from exc
         header = read_gguf_header(path)  # raises ModelFormatError with the reason
-        arch = header.get("general.architecture")
-        recorded = header.get("edgekit.recipe")
-        recipe = json.loads(recorded) if isinstance(recorded, str) else {}
-        kv = (kv_cache or recipe.get("kv_cache") or "f16").lower()
-        if kv not in KV_TYPES:
-            raise GenerationError(
-                f"unknown KV-cache type {kv!r}", hint=f"use one of {', '.join(KV_TYPES)}"
-            )
-        model_ctx = int(header.get(f"{arch}.context_length") or DEFAULT_CONTEXT)
-        n_ctx = context or min(model_ctx, DEFAULT_CONTEXT)
-        n_threads = threads or psutil.cpu_count(logical=False) or 1
-        if gpu_layers and not llama_cpp.llama_supports_gpu_offload():
+        settings = _settings(given, header)
+        if settings.gpu_layers and not llama_cpp.llama_supports_gpu_offload():
             raise GenerationError(
                 "gpu_layers was asked for, but this llama.cpp build has no GPU backend",
                 hint="rebuild llama-cpp-python with CUDA, Metal or Vulkan, or use gpu_layers=0",
             )
+        kv = settings.kv_cache
         route_llamacpp_logs()
         try:
             self._llm = llama_cpp.Llama(
                 model_path=str(path),
-                n_ctx=n_ctx,
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
-                n_batch=batch,
+                n_ctx=settings.context,
+                n_threads=settings.threads,
+                n_threads_batch=settings.threads,
+                n_batch=settings.batch,
                 type_k=KV_TYPES[kv],
                 type_v=KV_TYPES[kv],
                 # llama.cpp stores a quantized V cache only with flash attention.
                 flash_attn=kv not in ("f16", "f32", "bf16"),
-                use_mmap=mmap,
-                use_mlock=mlock,
-                n_gpu_layers=gpu_layers,
-                seed=seed if seed is not None else llama_cpp.LLAMA_DEFAULT_SEED,
-                logits_all=logits,
+                use_mmap=settings.mmap,
+                use_mlock=settings.mlock,
+                n_gpu_layers=settings.gpu_layers,
+                # Sliding-window layers keep their window only, not the whole context.
+                swa_full=False,
+                seed=llama_cpp.LLAMA_DEFAULT_SEED if settings.seed is None else settings.seed,
+                logits_all=settings.logits,
                 verbose=False,
             )
-        except (ValueError, RuntimeError) as exc:
+        except (ValueError, RuntimeError, MemoryError) as exc:
             raise GenerationError(
                 f"llama.cpp could not load {path}: {exc}", hint="run with -v to see llama.cpp's log"
             ) from exc
         self._llama_cpp = llama_cpp
+        # No seed asked for: llama.cpp's "random" seed, drawn afresh for every generation.
+        self._load_seed = llama_cpp.LLAMA_DEFAULT_SEED if settings.seed is None else settings.seed
         self._add_bos = bool(header.get("tokenizer.ggml.add_bos_token", False))
         self._template = header.get("tokenizer.chat_template")
-        self._keep_logits = logits
+        self._keep_logits = settings.logits
+        self._n_swa = int(llama_cpp.llama_model_n_swa(self._llm.model))
+        self._controls: tuple[str, ...] | None = None
+        vocab = self._llm._model.vocab
         self.info = SessionInfo(
             target=LlamaCppTarget.info.name,
             model_path=str(path),
-            context_length=n_ctx,
-            threads=n_threads,
+            context_length=settings.context,
+            threads=settings.threads,
             kv_cache=kv,
-            settings={"batch": batch, "mmap": mmap, "mlock": mlock, "gpu_layers": gpu_layers},
+            settings={
+                "batch": settings.batch,
+                "mmap": settings.mmap,
+                "mlock": settings.mlock,
+                "gpu_layers": settings.gpu_layers,
+                **({"sliding_window": self._n_swa, "swa_full": False} if self._n_swa else {}),
+            },
+            vocab_size=int(llama_cpp.llama_vocab_n_tokens(vocab)),
         )
         self._closed = False
 
@@ -150,6 +232,25 @@ class LlamaCppSession(Session):
     def detokenize(self, tokens: Sequence[int]) -> str:
         self._check_open()
         return self._llm.detokenize(list(tokens)).decode("utf-8", errors="replace")
+
+    def _text_tokens(self, text: str) -> list[int]:
+        """``text`` as plain text: llama.cpp's own switch leaves control tokens unparsed."""
+        self._check_open()
+        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def _control_texts(self) -> tuple[str, ...]:
+        """The text of every token llama.cpp marks as a control token (read once)."""
+        if self._controls is None:
+            self._check_open()
+            lib, vocab = self._llama_cpp, self._llm._model.vocab
+            control = lib.LLAMA_TOKEN_ATTR_CONTROL
+            self._controls = tuple(
+                text
+                for token in range(lib.llama_vocab_n_tokens(vocab))
+                if lib.llama_vocab_get_attr(vocab, token) & control
+                and (text := self._token_text(token))
+            )
+        return self._controls
 
     def _token_text(self, token: int) -> str:
         vocab = self._llm._model.vocab
@@ -173,8 +274,9 @@ class LlamaCppSession(Session):
                 f"the prompt has {len(prompt_tokens)} tokens; the context holds {n_ctx}",
                 hint="shorten the prompt or load with a larger context",
             )
-        if sampling.seed is not None:
-            llm.set_seed(sampling.seed)
+        # The seed is set for every call, so one call's seed never carries into the next.
+        llm.set_seed(self._load_seed if sampling.seed is None else sampling.seed)
+        self._forget_unreachable_prefix(prompt_tokens)
         budget = min(sampling.max_tokens, n_ctx - len(prompt_tokens))
         if budget <= 0:
             return
@@ -216,12 +318,36 @@ class LlamaCppSession(Session):
         finally:
             generator.close()
 
+    def _forget_unreachable_prefix(self, prompt_tokens: Sequence[int]) -> None:
+        """Start afresh when llama-cpp-python would resume from a cached prefix that the
+        windowed cache no longer holds. It reuses the longest common prefix of the last
+        prompt and this one and decodes the rest from there; but the sliding-window layers
+        keep only the last ``n_swa`` positions, so resuming at position p needs positions
+        p - n_swa .. p - 1 still cached (the rule llama.cpp's own server applies), or the
+        logits are silently wrong."""
+        llm = self._llm
+        if not self._n_swa or llm.n_tokens == 0:
+            return
+        prefix = 0
+        for cached, new in zip(llm._input_ids.tolist(), prompt_tokens, strict=False):
+            if cached != new:
+                break
+            prefix += 1
+        if prefix == llm.n_tokens == len(prompt_tokens) and not llm._requires_eval:
+            return  # the whole prompt is cached: llama-cpp-python decodes nothing old
+        resume = prefix - 1 if prefix == len(prompt_tokens) else prefix
+        if resume <= 0:
+            return
+        memory = self._llama_cpp.llama_get_memory(llm.ctx)
+        oldest = self._llama_cpp.llama_memory_seq_pos_min(memory, 0)
+        if oldest > max(0, resume - self._n_swa):
+            llm.reset()  # type: ignore[no-untyped-call]
+
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         self._check_open()
         if not isinstance(self._template, str):
             raise GenerationError(
-                f"{self.info.model_path} has no chat template",
-                hint="use generate() with a plain prompt",
+                f"{self.info.model_path} has no chat template", hint=NO_TEMPLATE_HINT
             )
         llm = self._llm
         bos = self._token_text(llm.token_bos())

@@ -10,23 +10,28 @@ OpenVINO's INFERENCE_PRECISION_HINT and KV_CACHE_PRECISION. The default inferenc
 precision on CPU is f32: it is the one that passes the greedy parity test against
 transformers (bf16, the CPU plugin's own default on bf16-capable CPUs, moves logits by
 about 1e-2 and flips greedy choices on small models).
+
+Every setting is checked before OpenVINO sees it (targets/checks.py): OpenVINO accepts a
+thread count of 100000 and runs a token id past its vocabulary without a word.
 """
 
 from __future__ import annotations
 
-import json
 import queue
+import secrets
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
+from edgekit.targets import checks
 from edgekit.targets.base import Sampling, Session, SessionInfo, StreamChunk, Target
 from edgekit.targets.catalog import BY_NAME, TargetInfo
-from edgekit.targets.text import StopMatcher, render_chat_template
+from edgekit.targets.text import NO_TEMPLATE_HINT, StopMatcher, render_chat_template
 
-from edgekit.errors import GenerationError, ModelFormatError, TargetUnavailableError
+from edgekit.errors import GenerationError, ModelFormatError, SettingError, TargetUnavailableError
+from edgekit.untrusted import parse_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,6 +40,20 @@ DEVICE_ORDER = ("NPU", "GPU", "CPU")
 DEFAULT_CONTEXT = 4096
 NPU_MAX_PROMPT = 1024
 NPU_MIN_RESPONSE = 128
+PRECISIONS = ("f32", "f16", "bf16")
+KV_PRECISIONS = ("f32", "f16", "bf16", "u8", "u4", "u3")
+KV_ALIASES = {"q8_0": "u8", "q4_0": "u4"}  # the GGUF names edgekit recipes use
+SETTINGS = (
+    "device",
+    "inference_precision",
+    "kv_cache",
+    "threads",
+    "context",
+    "max_prompt_len",
+    "min_response_len",
+    "logits",
+)
+_JSON_BYTES = 64 << 20  # tokenizer.json of a 256k vocabulary is about 35 MB
 
 
 class OpenVinoTarget(Target):
@@ -50,9 +69,12 @@ class OpenVinoTarget(Target):
         Raises:
             TargetUnavailableError: openvino-genai missing, or the device is not present.
             ModelFormatError: the folder is not an OpenVINO export with tokenizers.
-            GenerationError: OpenVINO refused the model or a setting.
+            SettingError: an unknown setting, or one of the wrong type or out of range.
+            GenerationError: OpenVINO refused the model.
         """
-        return OpenVinoSession(Path(model), **settings)
+        checks.known_settings(settings, SETTINGS, what="OpenVINO setting")
+        given = {k: v for k, v in settings.items() if v is not None}  # None: the default
+        return OpenVinoSession(Path(model), **given)
 
 
 def available_devices() -> list[str]:
@@ -65,9 +87,10 @@ def pick_device(requested: str, present: Sequence[str]) -> str:
     """The device to run on: the one asked for, or the best present (NPU > GPU > CPU).
 
     Raises:
+        SettingError: ``requested`` is not a device name OpenVINO has.
         TargetUnavailableError: the requested device is not present.
     """
-    wanted = requested.upper()
+    wanted = _device_name(requested)
     if wanted in ("AUTO", ""):
         for kind in DEVICE_ORDER:
             for device in present:
@@ -82,6 +105,21 @@ def pick_device(requested: str, present: Sequence[str]) -> str:
     )
 
 
+def _device_name(requested: object) -> str:
+    """``requested`` as OpenVINO spells devices: AUTO, CPU, GPU, NPU, or GPU.1 and such."""
+    valid = "auto, CPU, GPU, NPU (or one of several, as in GPU.1)"
+    if not isinstance(requested, str):
+        raise SettingError(
+            f"device must be a string: one of {valid}, not {type(requested).__name__}",
+            hint=f"use one of {valid}",
+        )
+    wanted = requested.upper()
+    kind, _, index = wanted.partition(".")
+    if wanted in ("AUTO", "") or (kind in DEVICE_ORDER and (not index or index.isdigit())):
+        return wanted
+    raise SettingError(f"device {requested!r} is not one of {valid}", hint=f"use one of {valid}")
+
+
 class OpenVinoSession(Session):
     def __init__(
         self,
@@ -92,8 +130,8 @@ class OpenVinoSession(Session):
         kv_cache: str | None = None,
         threads: int | None = None,
         context: int | None = None,
-        max_prompt_len: int = NPU_MAX_PROMPT,
-        min_response_len: int = NPU_MIN_RESPONSE,
+        max_prompt_len: int | None = None,  # default: NPU_MAX_PROMPT, up to the context
+        min_response_len: int | None = None,  # default: NPU_MIN_RESPONSE, up to the context
         logits: bool = False,  # accepted for the shared API: logits() always works here
     ) -> None:
         super().__init__()
@@ -110,28 +148,61 @@ class OpenVinoSession(Session):
                     hint="export it with: edgekit convert MODEL --to openvino -o DIR",
                 )
         saved = _read_json(folder / "edgekit.json")
+        config = _read_json(folder / "config.json")
         self._device = pick_device(device, available_devices())
         kind = self._device.split(".")[0]
         # The precision chosen at conversion (the fastest that matched f32, recorded in
         # edgekit.json) applies on CPU; GPUs and NPUs run f16.
-        precision = inference_precision or (
-            saved.get("inference_precision", "f32") if kind == "CPU" else "f16"
+        if inference_precision is None:
+            inference_precision = (
+                saved.get("inference_precision", "f32") if kind == "CPU" else "f16"
+            )
+        precision = checks.choice("inference_precision", inference_precision, PRECISIONS)
+        if kv_cache is None:
+            kv_cache = saved.get("kv_cache_precision") or "f16"
+        kv = checks.choice(
+            "kv_cache",
+            KV_ALIASES.get(kv_cache, kv_cache) if isinstance(kv_cache, str) else kv_cache,
+            KV_PRECISIONS,
         )
-        kv = kv_cache or saved.get("kv_cache_precision") or "f16"
-        kv = {"q8_0": "u8"}.get(kv, kv)
+        trained = config.get("max_position_embeddings")
+        model_ctx = trained if isinstance(trained, int) and trained > 0 else DEFAULT_CONTEXT
+        n_ctx = (
+            min(model_ctx, DEFAULT_CONTEXT)
+            if context is None
+            else checks.integer(
+                "context", context, low=1, high=model_ctx, note="the model's context length"
+            )
+        )
+        n_threads = (
+            psutil.cpu_count(logical=False) or 1
+            if threads is None
+            else checks.integer("threads", threads, low=1, high=checks.max_threads())
+        )
+        max_prompt_len = (
+            min(NPU_MAX_PROMPT, n_ctx)
+            if max_prompt_len is None
+            else checks.integer(
+                "max_prompt_len", max_prompt_len, low=1, high=n_ctx, note="up to the context"
+            )
+        )
+        min_response_len = (
+            min(NPU_MIN_RESPONSE, n_ctx)
+            if min_response_len is None
+            else checks.integer(
+                "min_response_len", min_response_len, low=1, high=n_ctx, note="up to the context"
+            )
+        )
+        checks.flag("logits", logits)
         properties: dict[str, Any] = {
             "INFERENCE_PRECISION_HINT": precision,
             "KV_CACHE_PRECISION": kv,
         }
         if kind == "CPU":
-            properties["INFERENCE_NUM_THREADS"] = threads or psutil.cpu_count(logical=False) or 1
+            properties["INFERENCE_NUM_THREADS"] = n_threads
         if kind == "NPU":
             properties.update(MAX_PROMPT_LEN=max_prompt_len, MIN_RESPONSE_LEN=min_response_len)
-        config = _read_json(folder / "config.json")
         self._max_prompt = max_prompt_len if kind == "NPU" else None
-        n_ctx = context or min(
-            int(config.get("max_position_embeddings") or DEFAULT_CONTEXT), DEFAULT_CONTEXT
-        )
         try:
             self._pipe = openvino_genai.LLMPipeline(str(folder), self._device, **properties)
         except RuntimeError as exc:
@@ -150,6 +221,8 @@ class OpenVinoSession(Session):
         )
         self._bos = _token_text(tok_config.get("bos_token"))
         self._eos = _token_text(tok_config.get("eos_token"))
+        self._tok_config = tok_config
+        self._controls: tuple[str, ...] | None = None
         self._context = n_ctx
         self._compiled: Any = None
         self._closed = False
@@ -168,6 +241,7 @@ class OpenVinoSession(Session):
                     else {}
                 ),
             },
+            vocab_size=_vocab_size(config, self._tokenizer),
         )
 
     # --- tokens -------------------------------------------------------------------------
@@ -180,6 +254,40 @@ class OpenVinoSession(Session):
     def detokenize(self, tokens: Sequence[int]) -> str:
         self._check_open()
         return str(self._tokenizer.decode(list(tokens)))
+
+    def _control_texts(self) -> tuple[str, ...]:
+        """The special tokens of the Hugging Face tokenizer the IR was made from (its
+        tokenizer.json and tokenizer_config.json), and BOS, EOS and PAD (read once).
+        OpenVINO's tokenizer has no switch to leave them unparsed, so message text that
+        holds one is encoded in pieces (Session._text_tokens)."""
+        if self._controls is None:
+            self._check_open()
+            texts = {
+                self._tokenizer.get_bos_token(),
+                self._tokenizer.get_eos_token(),
+                self._tokenizer.get_pad_token(),
+            }
+            tokenizer_json = self._folder / "tokenizer.json"
+            added: list[Any] = []
+            if tokenizer_json.is_file():
+                data = parse_json(
+                    tokenizer_json.read_bytes(),
+                    where=str(tokenizer_json),
+                    max_bytes=_JSON_BYTES,
+                    max_depth=None,
+                    error=ModelFormatError,
+                )
+                found = data.get("added_tokens") if isinstance(data, dict) else None
+                added += found if isinstance(found, list) else []
+            decoder = self._tok_config.get("added_tokens_decoder")
+            added += list(decoder.values()) if isinstance(decoder, dict) else []
+            texts |= {
+                t["content"]
+                for t in added
+                if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str)
+            }
+            self._controls = tuple(sorted(t for t in texts if isinstance(t, str) and t))
+        return self._controls
 
     # --- generation ---------------------------------------------------------------------
 
@@ -207,16 +315,20 @@ class OpenVinoSession(Session):
         if config.do_sample:
             config.temperature = sampling.temperature
             config.top_p = sampling.top_p
-            config.top_k = sampling.top_k
+            if sampling.top_k:  # 0 is "off": OpenVINO's default, every token
+                config.top_k = sampling.top_k
             config.min_p = sampling.min_p
         config.repetition_penalty = sampling.repeat_penalty
         config.ignore_eos = sampling.ignore_eos
-        if sampling.seed is not None:
-            config.rng_seed = sampling.seed
+        # Set on every call: no call's seed stays behind, and unseeded calls differ.
+        config.rng_seed = (
+            secrets.randbelow(checks.MAX_SEED + 1) if sampling.seed is None else sampling.seed
+        )
         ids = np.asarray([list(prompt_tokens)], dtype=np.int64)
         inputs = self._genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
 
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        abandoned = threading.Event()  # the consumer closed or dropped the stream
         stops = StopMatcher(sampling.stop)
         session = self
 
@@ -244,7 +356,7 @@ class OpenVinoSession(Session):
                 new = list(token) if isinstance(token, list | tuple) else [int(token)]
                 events.put(("tokens", len(new)))
                 status = self.inner.write(token)
-                if self.stopped:
+                if self.stopped or abandoned.is_set():
                     return session._genai.StreamingStatus.STOP
                 if session._cancel.is_set():
                     return session._genai.StreamingStatus.CANCEL
@@ -280,6 +392,7 @@ class OpenVinoSession(Session):
                     yield StreamChunk(text=payload, tokens=held)
                     held = 0
         finally:
+            abandoned.set()  # a closed stream stops the runtime at its next token
             worker.join()
         tail = stops.flush() if not streamer.stopped else ""
         # Tokens still held at the end (an end-of-sequence token, a stop string) are
@@ -295,9 +408,7 @@ class OpenVinoSession(Session):
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         self._check_open()
         if not isinstance(self._template, str):
-            raise GenerationError(
-                f"{self._folder} has no chat template", hint="use generate() with a plain prompt"
-            )
+            raise GenerationError(f"{self._folder} has no chat template", hint=NO_TEMPLATE_HINT)
         text = render_chat_template(
             self._template, messages, bos_token=self._bos, eos_token=self._eos
         )
@@ -359,13 +470,21 @@ class OpenVinoSession(Session):
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from the model folder (untrusted: size, depth and keys checked)."""
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelFormatError(f"{path}: not valid JSON ({exc})") from exc
+    data = parse_json(
+        path.read_bytes(), where=str(path), max_bytes=_JSON_BYTES, error=ModelFormatError
+    )
     return data if isinstance(data, dict) else {}
+
+
+def _vocab_size(config: dict[str, Any], tokenizer: Any) -> int:
+    """Token ids are 0 to this minus one: the model's embedding rows, else the tokenizer's."""
+    size = config.get("vocab_size")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    return len(tokenizer.get_vocab())
 
 
 def _token_text(value: Any) -> str:

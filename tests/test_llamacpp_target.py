@@ -1,8 +1,12 @@
 """The llama.cpp target on the embedded default model: generation controls, streaming,
-chat, cancellation, thread safety, closing, and refusals."""
+chat, cancellation, thread safety, closing, and refusals; on a tiny Gemma 3, the windowed
+KV cache of sliding-window attention. Hostile settings and calls: test_hostile_runtime.py."""
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 import threading
 from pathlib import Path
 
@@ -10,7 +14,7 @@ import psutil
 import pytest
 from edgekit.targets.text import StopMatcher, Utf8Stream, render_chat_template
 
-from edgekit.errors import GenerationError, ModelFormatError
+from edgekit.errors import GenerationError, ModelFormatError, SettingError
 from tests.conftest import require
 
 PROMPT = "The capital of France is"
@@ -152,7 +156,7 @@ def test_refusals(tmp_path: Path, default_gguf: Path) -> None:
     bad.write_bytes(b"not a gguf at all")
     with pytest.raises(ModelFormatError):
         LlamaCppTarget.load(bad)
-    with pytest.raises(GenerationError, match="KV-cache"):
+    with pytest.raises(SettingError, match="kv_cache 'q3' is not one of f32, f16"):
         LlamaCppTarget.load(default_gguf, kv_cache="q3")
     if not llama_cpp.llama_supports_gpu_offload():
         with pytest.raises(GenerationError, match="GPU backend"):
@@ -164,6 +168,87 @@ def test_quantized_kv_cache_runs(default_gguf: Path) -> None:
 
     with LlamaCppTarget.load(default_gguf, context=256, kv_cache="q8_0") as s:
         assert "Paris" in s.generate(PROMPT, max_tokens=8, temperature=0).text
+
+
+# --- sliding-window attention: the windowed KV cache -------------------------------------------
+
+WINDOW = 16
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Gemma 3 GGUF whose layers attend over a 16-token window, trained context 8192."""
+    require("llama_cpp", "the GGUF runtime is llama-cpp-python")
+    require("torch", "the tiny model is built with transformers")
+    from edgekit.converters.convert import convert_model
+
+    from tests.tiny_models import build_tiny_model
+
+    src = build_tiny_model("gemma3", tmp_path_factory.mktemp("gemma3"))
+    config = json.loads((src / "config.json").read_text())
+    config.update(sliding_window=WINDOW, max_position_embeddings=8192)
+    (src / "config.json").write_text(json.dumps(config))
+    out = tmp_path_factory.mktemp("gemma3-gguf") / "gemma3.gguf"
+    convert_model(src, "gguf", out, quant="F16")
+    return out
+
+
+def _kv_cells(caplog: pytest.LogCaptureFixture) -> dict[str, int]:
+    """The KV caches llama.cpp reports creating (its log, routed to edgekit.llamacpp)."""
+    found = {}
+    for record in caplog.records:
+        m = re.search(r"creating\s+(non-SWA|SWA) KV cache, size = (\d+) cells", record.getMessage())
+        if m:
+            found[m.group(1)] = int(m.group(2))
+    return found
+
+
+def test_sliding_window_layers_get_a_windowed_cache(
+    tiny_gemma3: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import llama_cpp
+    from edgekit.targets.llamacpp import LlamaCppTarget
+
+    caplog.set_level(logging.DEBUG, logger="edgekit.llamacpp")
+    with LlamaCppTarget.load(tiny_gemma3, context=8192) as s:
+        windowed = _kv_cells(caplog)
+        assert s.info.settings["sliding_window"] == WINDOW
+        assert s.info.settings["swa_full"] is False
+    caplog.clear()
+    # What llama-cpp-python's default (swa_full=True) allocates for the same model.
+    full = llama_cpp.Llama(str(tiny_gemma3), n_ctx=8192, swa_full=True, verbose=False)
+    full_cells = _kv_cells(caplog)
+    full.close()
+    assert full_cells["SWA"] == 8192
+    # The window plus one batch, padded: a tenth of the context, not all of it.
+    assert windowed["SWA"] <= WINDOW + 512 + 256
+    assert windowed["SWA"] * 10 <= full_cells["SWA"]
+
+
+def test_windowed_cache_never_resumes_from_positions_it_dropped(tiny_gemma3: Path) -> None:
+    """llama-cpp-python resumes a prompt from the longest prefix it has cached. Once a long
+    prompt has pushed old positions out of the window, a prompt that shares only an early
+    prefix must be evaluated afresh: resuming would run the sliding-window layers without
+    the positions before it (logits off by as much as the largest logit, seen here).
+    Every row from the resume point must equal a fresh evaluation."""
+    import numpy as np
+    from edgekit.targets.base import Sampling
+    from edgekit.targets.llamacpp import LlamaCppTarget
+
+    from tests.tiny_models import training_text
+
+    greedy = Sampling(max_tokens=1, temperature=0)
+    with LlamaCppTarget.load(tiny_gemma3, context=8192, logits=True) as s:
+        text = s.tokenize(training_text())
+        long_prompt = text[:1000]
+        list(s.stream_tokens(long_prompt, greedy))
+        for shared in (100, 900):  # before the cached window; inside it
+            prompt = long_prompt[:shared] + text[1000:1040]
+            list(s.stream_tokens(prompt, greedy))
+            resumed = np.array(s._llm.scores[shared : len(prompt)], dtype=np.float32)
+            fresh = s.logits(prompt)[shared:]
+            assert np.abs(resumed - fresh).max() <= 1e-4 * np.abs(fresh).max(), shared
+            list(s.stream_tokens(long_prompt, greedy))
 
 
 # --- text helpers ---------------------------------------------------------------------------

@@ -46,13 +46,22 @@ def _export(src: Path, out: Path, quant: str, recipe: str | None = None) -> Path
     return out
 
 
-def _reference(src: Path, text: str, new_tokens: int) -> tuple[list[int], list[int], np.ndarray]:
-    """Prompt ids, transformers' greedy continuation (ids) and the prompt's logits."""
+def _reference(
+    src: Path, text: str, new_tokens: int, *, f16_weights: bool = False
+) -> tuple[list[int], list[int], np.ndarray]:
+    """Prompt ids, transformers' greedy continuation (ids) and the prompt's logits, in
+    float32; ``f16_weights``: with every weight rounded to f16 first (what an F16 export
+    stores), so the comparison checks the conversion, not the rounding."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    if f16_weights:
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                if t.is_floating_point():
+                    t.copy_(t.to(torch.float16).to(torch.float32))
     ids = torch.tensor([tok(text)["input_ids"]])
     with torch.no_grad():
         logits = model(ids).logits[0].numpy()
@@ -68,15 +77,16 @@ def _reference(src: Path, text: str, new_tokens: int) -> tuple[list[int], list[i
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_f16_export_matches_transformers(tiny: Any, tmp_path: Path, family: str) -> None:
-    """f32 inference on uncompressed weights: tokenization identical, logits within 1e-4 of
-    the largest logit (seen: ~1e-6), and the same 16 greedy tokens: along transformers'
-    greedy path every OpenVINO argmax is transformers' next token, and the pipeline's own
-    greedy text is the decoding of those tokens."""
+    """f32 inference on the f16 weights against transformers on the same f16-rounded
+    weights: tokenization identical, logits within 1e-4 of the largest logit (seen:
+    ~1e-6), and the same 16 greedy tokens: along transformers' greedy path every OpenVINO
+    argmax is transformers' next token, and the pipeline's own greedy text is the
+    decoding of those tokens."""
     from edgekit.targets.openvino import OpenVinoTarget
 
     src = tiny(family)
     folder = _export(src, tmp_path / "ov", "F16")
-    ids, ref_tokens, ref_logits = _reference(src, PROMPT, 16)
+    ids, ref_tokens, ref_logits = _reference(src, PROMPT, 16, f16_weights=True)
     with OpenVinoTarget.load(folder, inference_precision="f32") as s:
         assert s.tokenize(PROMPT) == ids
         got = s.logits(ids)
@@ -87,6 +97,31 @@ def test_f16_export_matches_transformers(tiny: Any, tmp_path: Path, family: str)
     assert path[len(ids) - 1 : -1].argmax(-1).tolist() == ref_tokens
     assert g.completion_tokens == 16 or g.finish_reason == "stop"
     assert g.text == expected_text
+
+
+def test_f16_export_stores_f16_weights(tiny: Any, tmp_path: Path) -> None:
+    """F16 is f16 on disk: every weight constant of the IR is f16 (as optimum-cli's
+    --weight-format fp16 writes it), and openvino_model.bin is 2 bytes per parameter."""
+    import openvino as ov
+
+    from edgekit.inspection import inspect_model
+
+    src = tiny("llama")  # float32 safetensors
+    folder = _export(src, tmp_path / "ov", "F16")
+    model = ov.Core().read_model(folder / "openvino_model.xml")
+    by_type: dict[str, int] = {}
+    for op in model.get_ops():
+        if op.get_type_name() == "Constant":
+            kind = op.get_output_element_type(0).get_type_name()
+            by_type[kind] = by_type.get(kind, 0) + op.get_byte_size()
+    floats = {k: v for k, v in by_type.items() if k in ("f16", "bf16", "f32", "f64")}
+    assert max(floats, key=lambda k: floats[k]) == "f16"
+    assert floats.get("f32", 0) < 0.001 * floats["f16"], floats  # a few scalars, no weights
+    parameters = inspect_model(src).parameters
+    size = (folder / "openvino_model.bin").stat().st_size
+    assert size == pytest.approx(2 * parameters, rel=0.01), (size, parameters)
+    settings = json.loads((folder / "edgekit.json").read_text())
+    assert settings["quant"] == "F16"
 
 
 @pytest.mark.parametrize("quant", ["INT8", "INT4", "INT4_SYM"])
