@@ -43,10 +43,14 @@ def load(
         InsufficientMemoryError: the variant is predicted not to fit (``force`` overrides).
         TargetError: the target is not installed, or refused the device or a setting.
     """
+    from edgekit.targets import checks
     from edgekit.targets.availability import target_status
     from edgekit.targets.catalog import BY_NAME
     from edgekit.targets.registry import get_target, registered_targets
 
+    # The context sizes the memory check below, before the target validates the rest.
+    if settings.get("context") is not None:
+        settings["context"] = checks.integer("context", settings["context"], low=1)
     opened = open_bundle(bundle)
     runnable = {
         name

@@ -212,10 +212,15 @@ def serve(session: Session, config: ServeConfig) -> None:
             clean_text(config.host),
             config.port,
         )
+    # uvicorn's default logging config gives its loggers handlers of their own, which
+    # would bypass the filter that cleans client-controlled text (paths, headers) out of
+    # log records: keep its loggers on the application's handlers instead.
+    logging.getLogger("uvicorn").setLevel(logging.INFO)
     uvicorn.run(
         create_app(session, config),
         host=config.host,
         port=config.port,
+        log_config=None,
         log_level="info",
         lifespan="on",
         proxy_headers=False,  # no X-Forwarded-* from whoever connects

@@ -196,7 +196,9 @@ class LlamaCppSession(Session):
         self._llama_cpp = llama_cpp
         # No seed asked for: llama.cpp's "random" seed, drawn afresh for every generation.
         self._load_seed = llama_cpp.LLAMA_DEFAULT_SEED if settings.seed is None else settings.seed
-        self._add_bos = bool(header.get("tokenizer.ggml.add_bos_token", False))
+        # llama.cpp's own answer: a GGUF from another tool may lack add_bos_token, and
+        # llama.cpp then adds BOS by its vocabulary type (SentencePiece, llama-bpe).
+        self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._llm._model.vocab))
         self._template = header.get("tokenizer.chat_template")
         self._keep_logits = settings.logits
         self._n_swa = int(llama_cpp.llama_model_n_swa(self._llm.model))

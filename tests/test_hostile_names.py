@@ -590,6 +590,12 @@ def test_log_records_are_cleaned(
     arguments and its traceback text; the record's own level and template stay."""
     monkeypatch.setattr(logging.root, "handlers", [])
     monkeypatch.setattr(logging.root, "level", logging.WARNING)
+    # An earlier test may have run uvicorn with its own logging config; edgekit serve runs
+    # it with log_config=None, so its loggers propagate to the CLI's cleaning handler.
+    for logger_name in ("uvicorn", "uvicorn.error"):
+        logger = logging.getLogger(logger_name)
+        monkeypatch.setattr(logger, "handlers", [])
+        monkeypatch.setattr(logger, "propagate", True)
 
     @click.command("log-something")
     def log_something() -> None:
