@@ -212,20 +212,31 @@ def serve(session: Session, config: ServeConfig) -> None:
             clean_text(config.host),
             config.port,
         )
-    # uvicorn's default logging config gives its loggers handlers of their own, which
-    # would bypass the filter that cleans client-controlled text (paths, headers) out of
-    # log records: keep its loggers on the application's handlers instead.
-    logging.getLogger("uvicorn").setLevel(logging.INFO)
     uvicorn.run(
         create_app(session, config),
         host=config.host,
         port=config.port,
-        log_config=None,
+        log_config=_uvicorn_log_config(),
         log_level="info",
         lifespan="on",
         proxy_headers=False,  # no X-Forwarded-* from whoever connects
         server_header=False,
     )
+
+
+def _uvicorn_log_config() -> dict[str, Any]:
+    """uvicorn's own logging config with edgekit's cleaning filter on every handler: its
+    loggers have handlers of their own, and their records carry client-controlled text
+    (paths, header values) that must not reach a terminal raw."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    config: dict[str, Any] = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["clean"] = {"()": "edgekit.terminal_text.CleanLogRecords"}
+    for handler in config["handlers"].values():
+        handler.setdefault("filters", []).append("clean")
+    return config
 
 
 # --- the application -------------------------------------------------------------------------

@@ -590,8 +590,8 @@ def test_log_records_are_cleaned(
     arguments and its traceback text; the record's own level and template stay."""
     monkeypatch.setattr(logging.root, "handlers", [])
     monkeypatch.setattr(logging.root, "level", logging.WARNING)
-    # An earlier test may have run uvicorn with its own logging config; edgekit serve runs
-    # it with log_config=None, so its loggers propagate to the CLI's cleaning handler.
+    # An earlier test may have run uvicorn, whose logging config gives its loggers handlers
+    # of their own (edgekit serve adds the same cleaning filter to those): start from none.
     for logger_name in ("uvicorn", "uvicorn.error"):
         logger = logging.getLogger(logger_name)
         monkeypatch.setattr(logger, "handlers", [])
@@ -748,3 +748,27 @@ async def test_tui_shows_hostile_names_literally(
         assert app.is_running
     assert app.return_code in (0, None)
     shutil.rmtree(tmp_path / "bundle")
+
+
+def test_uvicorn_log_handlers_clean_records(capsys: pytest.CaptureFixture[str]) -> None:
+    """``edgekit serve`` configures uvicorn's own handlers with the cleaning filter: a path
+    or header a client sent cannot reach the terminal raw through uvicorn's logs."""
+    import logging.config
+
+    from edgekit.serve import _uvicorn_log_config
+
+    loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error", "uvicorn.access")]
+    saved = [(lg.handlers[:], lg.propagate, lg.level) for lg in loggers]
+    try:
+        logging.config.dictConfig(_uvicorn_log_config())
+        logging.getLogger("uvicorn.error").warning("client sent %s", "\x1b]0;owned\x07\x1b[2J")
+        logging.getLogger("uvicorn.access").info(
+            '%s - "%s %s HTTP/%s" %d', "127.0.0.1:1", "GET", "/\x1b[31mred", "1.1", 404
+        )
+    finally:
+        for lg, (handlers, propagate, level) in zip(loggers, saved, strict=True):
+            lg.handlers, lg.propagate, lg.level = handlers, propagate, level
+    err = capsys.readouterr()
+    shown = err.err + err.out
+    assert "client sent" in shown and "404" in shown
+    assert "\x1b" not in shown and "\x07" not in shown
