@@ -509,14 +509,9 @@ def _write_members(f: BinaryIO, members: list[Member], dest: Path) -> list[tuple
                     continue
                 parent = folders.fd(parts[:-1])
                 fd = os.open(parts[-1], _NEW_FILE, 0o644, dir_fd=parent)
-                try:
-                    _copy(f, m, fd)
-                    st = os.fstat(fd)
-                finally:
-                    os.close(fd)
             except OSError as exc:
                 raise _write_error(m.name, exc) from exc
-            written.append((m.name, st.st_dev, st.st_ino))
+            written.append(_fill(f, m, fd))
     finally:
         folders.close()
     return written
@@ -544,15 +539,23 @@ def _write_members_by_path(
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(target, _NEW_FILE, 0o644)
-            try:
-                _copy(f, m, fd)
-                st = os.fstat(fd)
-            finally:
-                os.close(fd)
         except OSError as exc:
             raise _write_error(m.name, exc) from exc
-        written.append((m.name, st.st_dev, st.st_ino))
+        written.append(_fill(f, m, fd))
     return written
+
+
+def _fill(f: BinaryIO, member: Member, fd: int) -> tuple[str, int, int]:
+    """Copy ``member``'s bytes into the new file ``fd`` and close it; returns (name,
+    device, inode), by which the file is found again after extraction."""
+    try:
+        _copy(f, member, fd)
+        st = os.fstat(fd)
+    except OSError as exc:
+        raise _write_error(member.name, exc) from exc
+    finally:
+        os.close(fd)
+    return member.name, st.st_dev, st.st_ino
 
 
 def _write_error(name: str, exc: OSError) -> BundleError:
