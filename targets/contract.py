@@ -1,0 +1,162 @@
+"""The contract a target plug-in implements: what it runs on, what it loads, how fast it
+is expected to be, whether it can run here, and how it loads a model.
+
+A target is one runtime family (llama.cpp, OpenVINO, ...). Core code, the CLI, the
+planner, pack, load, bench, eval and the TUI loop over the registered targets
+(``edgekit.targets.registry``) and read these capabilities; none of them names a target.
+Adding a target is one module with one ``Target`` subclass, its format package
+(``edgekit.converters.<format>``) and one entry point in the ``edgekit.targets`` group.
+
+Everything here is readable without importing the target's SDK: only
+``check_host`` and ``load`` import it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from edgekit.errors import TargetError, TargetUnavailableError
+
+if TYPE_CHECKING:
+    from edgekit.converters.formats import Format
+    from edgekit.devices import Accelerator, DeviceProfile
+    from edgekit.modelspec import ModelSpec
+    from edgekit.targets.base import Session
+
+UnitKind = Literal["cpu", "gpu", "npu"]
+Basis = Literal["first estimate", "calibrated"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Coefficients:
+    """How a runtime turns a device's raw figures into throughput and memory."""
+
+    bandwidth_efficiency: float  # share of the memory bandwidth a decode step achieves
+    token_overhead_s: float  # fixed cost per generated token (sampling, graph launch, Python)
+    compute_efficiency: float  # share of peak compute prefill achieves
+    runtime_bytes: int  # buffers and libraries beyond weights and KV cache
+    weight_residency: float  # resident bytes per weight byte (1.0: mapped once, no copy)
+    kv_preallocated: bool  # True: the whole context's KV cache is allocated at load
+    kv_scale: float = 1.0  # resident bytes per nominal KV-cache byte (copies, padding)
+    prefill_token_overhead_s: float = 0.0  # fixed cost per prompt token
+    layer_overhead_s: float = 0.0  # per layer per generated token (kernel launches)
+    # Measured (bytes read per token, seconds per token) on this host, by size: between
+    # two measured sizes the time is interpolated, which captures what one line cannot,
+    # e.g. small models that fit in the CPU's last-level cache.
+    decode_curve: tuple[tuple[float, float], ...] = ()
+    basis: Basis = "first estimate"
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitSupport:
+    """One kind of compute unit a target runs on: the formats the planner considers there
+    (names of the target's format's quantizations, most precise first) and the first
+    estimates of its prediction coefficients."""
+
+    kind: UnitKind
+    formats: tuple[str, ...]
+    priors: Coefficients
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvCacheLayout:
+    """How the runtime allocates its KV cache, as far as memory prediction cares."""
+
+    # families whose sliding-window layers the runtime keeps at the window only
+    windowed_families: frozenset[str] = frozenset()
+    pad: int = 1  # the context (and a window) is rounded up to this many cells
+    window_extra: int = 0  # positions a windowed layer holds beyond the window
+
+
+class Target(ABC):
+    """A runtime family, described by class attributes and loaded by ``load``."""
+
+    name: ClassVar[str]  # the entry-point name, the manifest's variant.target
+    display_name: ClassVar[str]
+    devices: ClassVar[str]  # where it runs, in words
+    format: ClassVar[Format]  # the output format its bundles hold
+    install_hint: ClassVar[str]  # how to get its SDK
+    sdk_modules: ClassVar[tuple[str, ...]]  # top-level modules ``load`` imports
+    distribution: ClassVar[str]  # the SDK's distribution name, for version reports
+    units: ClassVar[tuple[UnitSupport, ...]]
+    kv_cache: ClassVar[KvCacheLayout] = KvCacheLayout()
+    # False: edgekit predicts for this target (plan, profiles) but cannot run it yet;
+    # ``runtime_note`` says why, and ``load`` refuses with it.
+    runs: ClassVar[bool] = True
+    runtime_note: ClassVar[str] = ""
+    evaluates: ClassVar[bool] = True  # ``load(..., logits=True)`` gives per-position logits
+    load_settings: ClassVar[tuple[str, ...]] = ()  # what ``load`` accepts
+    devices_accepted: ClassVar[tuple[str, ...]] = ("auto",)  # edgekit.load(device=...)
+
+    # --- capabilities read by the planner ------------------------------------------------
+
+    @classmethod
+    def unit(cls, kind: str) -> UnitSupport | None:
+        return next((u for u in cls.units if u.kind == kind), None)
+
+    @classmethod
+    @abstractmethod
+    def accelerators(cls, profile: DeviceProfile) -> list[Accelerator]:
+        """The compute units of ``profile`` this target runs on (none: it does not)."""
+
+    @classmethod
+    def priors(cls, kind: str, spec: ModelSpec) -> Coefficients:
+        """First estimates for ``spec`` on a unit of ``kind`` (a target whose buffers grow
+        with the model overrides this)."""
+        unit = cls.unit(kind)
+        if unit is None:
+            raise TargetError(f"{cls.display_name} does not run on a {kind.upper()}")
+        return unit.priors
+
+    @classmethod
+    def vocab_runtime_bytes(cls, kind: str, spec: ModelSpec) -> int:
+        """The part of the runtime buffers that grows with the vocabulary (calibration
+        fits the rest)."""
+        return 0
+
+    @classmethod
+    def compute_precision(
+        cls, profile: DeviceProfile, accelerator: Accelerator, fp32_tflops: float | None
+    ) -> tuple[str, float | None] | None:
+        """The precision prefill computes in on a CPU and its peak, when the runtime does
+        better than fp32 there (None: fp32)."""
+        return None
+
+    # --- on this host --------------------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def check_host(cls) -> tuple[bool, str]:
+        """(usable here, what was found or why not). Imports the SDK: call it from the
+        probe or load only, after the SDK modules were found installed."""
+
+    @classmethod
+    def device_settings(cls, device: str) -> dict[str, Any]:
+        """The load settings that put a model on ``device`` (auto, cpu, gpu, npu, ...).
+
+        Raises:
+            TargetError: the target has no such device.
+        """
+        if device not in cls.devices_accepted:
+            raise TargetError(
+                f"device {device!r} is not one the {cls.display_name} target knows",
+                hint=f"use {', '.join(cls.devices_accepted)}",
+            )
+        return {}
+
+    @classmethod
+    def load(cls, model: str | Path, **settings: Any) -> Session:
+        """Load ``model`` with runtime ``settings`` (context, threads, KV-cache type, ...).
+
+        Raises:
+            SettingError: an unknown setting, or one of the wrong type or out of range.
+            TargetUnavailableError: the SDK is missing, or edgekit cannot run it yet.
+        """
+        raise TargetUnavailableError(
+            f"edgekit cannot run {cls.display_name} models yet: {cls.runtime_note}",
+            hint="plan for it with edgekit plan; run the model on another target",
+        )
