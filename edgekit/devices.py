@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edgekit.errors import ProfileError, ProfileNotFoundError, ProfileSchemaError
+from edgekit.plugins import target_names
 from edgekit.schema import bounds, build
 from edgekit.untrusted import check_depth, clean_text
 
@@ -41,7 +42,6 @@ _SOME_CORES = bounds(ge=0, le=1 << 16)
 DeviceKind = Literal["phone", "laptop", "desktop", "mini-pc", "sbc", "jetson", "server"]
 AcceleratorKind = Literal["cpu", "gpu", "npu"]
 BandwidthSource = Literal["spec", "measured", "unknown"]
-TARGET_NAMES = ("llamacpp", "openvino", "qnn", "mlx", "tensorrt")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,11 +227,13 @@ def _check(p: DeviceProfile, where: str) -> None:
             f"{SCHEMA_VERSION})",
             hint="upgrade edgekit",
         )
-    unknown = sorted(set(p.targets) - set(TARGET_NAMES))
+    # the installed targets' names, from entry-point metadata: core imports no target
+    known = target_names()
+    unknown = sorted(set(p.targets) - set(known))
     if unknown:
         raise ProfileSchemaError(
             f"{where}: unknown target(s) {', '.join(unknown)}",
-            hint=f"targets are: {', '.join(TARGET_NAMES)}",
+            hint=f"targets are: {', '.join(known)}",
         )
     if not 0 < p.memory.usable_gib <= p.memory.total_gib:
         raise ProfileSchemaError(

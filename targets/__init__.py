@@ -1,5 +1,9 @@
-"""edgekit.targets: one module per device family's runtime.
+"""edgekit.targets: one plug-in module per runtime family.
 
-``catalog`` describes every target as data (what it loads, the extra it needs, the SDK
-modules it imports) so targets can be listed and checked without importing any SDK.
+``contract`` is what a target declares (its format, compute units, prediction priors,
+KV-cache layout, device settings, availability check) and how it loads a model;
+``registry`` finds the installed targets through the ``edgekit.targets`` entry-point
+group; ``availability`` checks one against this host. Core code and services loop over
+the registry and read capabilities: none names a target. A target module imports its
+SDK only in ``load`` and ``check_host``, so targets are listed without any SDK.
 """

@@ -1,16 +1,19 @@
-"""Is a target usable on this host? Installed SDK, present hardware, and the reason if not."""
+"""Is a target usable on this host? Installed SDK, present hardware, and the reason if not.
+
+Generic over the target contract: the SDK modules a target names are looked up without
+importing them, its distribution's version is read from metadata, and only then does
+its ``check_host`` import the SDK and look at the hardware. A check that raises reports
+"installed but failed" instead of breaking the probe.
+"""
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import importlib.util
-import platform
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from edgekit.targets.catalog import TARGETS, TargetInfo
+from edgekit.targets.contract import Target
+from edgekit.targets.registry import all_targets, broken_targets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,97 +32,55 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _llamacpp() -> tuple[bool, str]:
-    import llama_cpp
-
-    info = llama_cpp.llama_print_system_info().decode(errors="replace")
-    # "CPU : SSE3 = 1 | AVX2 = 1 | ..." -> the features switched on in this build
-    features = [m.group(1) for m in re.finditer(r"(\w+) = 1", info)]
-    gpu = bool(llama_cpp.llama_supports_gpu_offload())
-    backends = "CPU" + (" + GPU offload" if gpu else "")
-    return True, f"backends: {backends}; CPU features: {', '.join(features) or 'none'}"
-
-
-def _openvino() -> tuple[bool, str]:
-    import openvino as ov
-
-    devices = list(ov.Core().available_devices)
-    return bool(devices), f"devices: {', '.join(devices)}" if devices else "no OpenVINO device"
+def _missing(modules: tuple[str, ...]) -> list[str]:
+    """The modules of ``modules`` that are not installed (a parent package that fails to
+    import counts as missing: find_spec of a submodule imports its parent)."""
+    missing = []
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
 
 
-def _qnn() -> tuple[bool, str]:
-    import onnxruntime as ort
-
-    providers = ort.get_available_providers()
-    if "QNNExecutionProvider" in providers:
-        return True, "QNNExecutionProvider available"
-    return False, (
-        "onnxruntime has no QNNExecutionProvider (it ships in onnxruntime-qnn, on Snapdragon "
-        f"devices); providers here: {', '.join(providers)}"
-    )
-
-
-def _mlx() -> tuple[bool, str]:
-    import mlx.core as mx
-
-    device = mx.default_device()
-    if platform.system() == "Darwin" and platform.machine() == "arm64":
-        return True, f"default device: {device}"
-    return True, f"default device: {device} (Linux CPU backend: real but slow; for development)"
-
-
-def _tensorrt() -> tuple[bool, str]:
-    from edgekit.host.nvml import NvmlUnavailable, list_nvidia_gpus
-
-    try:
-        gpus = list_nvidia_gpus()
-    except NvmlUnavailable as exc:
-        return False, f"tensorrt imports but there is no usable NVIDIA GPU: {exc}"
-    return bool(gpus), ", ".join(g.name for g in gpus) or "no NVIDIA GPU"
-
-
-_CHECKS: dict[str, Callable[[], tuple[bool, str]]] = {
-    "llamacpp": _llamacpp,
-    "openvino": _openvino,
-    "qnn": _qnn,
-    "mlx": _mlx,
-    "tensorrt": _tensorrt,
-}
-_DISTRIBUTIONS = {
-    "llamacpp": "llama-cpp-python",
-    "openvino": "openvino",
-    "qnn": "onnxruntime",
-    "mlx": "mlx",
-    "tensorrt": "tensorrt",
-}
-
-
-def target_status(info: TargetInfo) -> TargetStatus:
-    """Check one target. Imports its SDK (call from the probe, never at import time)."""
-    missing = [m for m in info.sdk_modules if importlib.util.find_spec(m) is None]
-    version = _version(_DISTRIBUTIONS[info.name])
+def target_status(target: type[Target]) -> TargetStatus:
+    """Check one target. Imports its SDK (call from the probe or load, never at import)."""
+    version = _version(target.distribution)
+    missing = _missing(target.sdk_modules)
     if missing:
         return TargetStatus(
-            name=info.name,
+            name=target.name,
             installed=False,
             usable=False,
             version=version,
-            detail=f"not installed ({', '.join(missing)} missing): {info.install_hint}",
+            detail=f"not installed ({', '.join(missing)} missing): {target.install_hint}",
         )
     try:
-        usable, detail = _CHECKS[info.name]()
+        usable, detail = target.check_host()
     except Exception as exc:  # an SDK that imports but breaks must not break the probe
         return TargetStatus(
-            name=info.name,
+            name=target.name,
             installed=True,
             usable=False,
             version=version,
             detail=f"installed but failed: {type(exc).__name__}: {exc}",
         )
+    if usable and not target.runs:
+        detail = f"{detail}; {target.runtime_note}"
     return TargetStatus(
-        name=info.name, installed=True, usable=usable, version=version, detail=detail
+        name=target.name, installed=True, usable=usable, version=version, detail=detail
     )
 
 
 def all_target_status() -> tuple[TargetStatus, ...]:
-    return tuple(target_status(t) for t in TARGETS)
+    """Every registered target's status, by name; a plug-in that fails to load is listed
+    as not installed, with the reason."""
+    statuses = [target_status(t) for t in all_targets()]
+    statuses += [
+        TargetStatus(name=name, installed=False, usable=False, version=None, detail=why)
+        for name, why in broken_targets()
+    ]
+    return tuple(sorted(statuses, key=lambda s: s.name))

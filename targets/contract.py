@@ -22,9 +22,10 @@ from edgekit.errors import TargetError, TargetUnavailableError
 
 if TYPE_CHECKING:
     from edgekit.converters.formats import Format
+    from edgekit.targets.session import Session
+
     from edgekit.devices import Accelerator, DeviceProfile
     from edgekit.modelspec import ModelSpec
-    from edgekit.targets.base import Session
 
 UnitKind = Literal["cpu", "gpu", "npu"]
 Basis = Literal["first estimate", "calibrated"]
@@ -91,6 +92,9 @@ class Target(ABC):
     evaluates: ClassVar[bool] = True  # ``load(..., logits=True)`` gives per-position logits
     load_settings: ClassVar[tuple[str, ...]] = ()  # what ``load`` accepts
     devices_accepted: ClassVar[tuple[str, ...]] = ("auto",)  # edgekit.load(device=...)
+    # Where one target must be chosen for the user (``edgekit pack``'s default target):
+    # the runnable target with the lowest priority, then by name.
+    priority: ClassVar[int] = 100
 
     # --- capabilities read by the planner ------------------------------------------------
 

@@ -27,7 +27,7 @@ HEAVY = (
 PROBE = """
 import json, sys, time
 t0 = time.perf_counter()
-import edgekit, edgekit.inspection, edgekit.devices, edgekit.probe, edgekit.targets.catalog
+import edgekit, edgekit.inspection, edgekit.devices, edgekit.probe, edgekit.targets.registry
 elapsed = time.perf_counter() - t0
 print(json.dumps({"elapsed": elapsed, "modules": sorted(sys.modules)}))
 """

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from edgekit.devices import TARGET_NAMES, DeviceProfile, load_profile, parse_profile, profile_names
+from edgekit.devices import DeviceProfile, load_profile, parse_profile, profile_names
 from edgekit.errors import ProfileNotFoundError, ProfileSchemaError
+from edgekit.plugins import target_names
 
 NAMES = profile_names()
 
@@ -24,7 +25,7 @@ def test_profile_loads_and_is_consistent(name: str) -> None:
     p = load_profile(name)
     assert p.name == name, "the file name is the profile name"
     assert p.sources, "a profile names its sources"
-    assert p.targets and set(p.targets) <= set(TARGET_NAMES)
+    assert p.targets and set(p.targets) <= set(target_names())
     assert p.memory.bandwidth_gbps and p.memory.bandwidth_gbps > 0
     assert any(a.kind == "cpu" for a in p.accelerators)
     assert p.cpu.physical_cores <= p.cpu.logical_cores
@@ -59,7 +60,7 @@ def test_the_fleet_spans_every_target_and_kind() -> None:
     profiles = _profiles()
     kinds = {p.kind for p in profiles}
     assert {"phone", "laptop", "desktop", "jetson", "sbc", "mini-pc"} <= kinds
-    for target in TARGET_NAMES:
+    for target in target_names():
         assert any(target in p.targets for p in profiles), target
     # Apple phone and Macs; Snapdragon phones with a Hexagon NPU; Intel with an NPU.
     assert any(p.kind == "phone" and p.os == "ios" for p in profiles)
