@@ -1,52 +1,61 @@
 """convert_model: one entry point for every conversion the CLI's ``convert`` offers.
 
-    HF folder -> OpenVINO IR F16/INT8/INT4/INT4_SYM  (hf_to_openvino, NNCF compression)
-    HF folder -> GGUF F32/F16/BF16               (hf_to_gguf)
-    HF folder -> GGUF quantized                  (hf_to_gguf to a lossless intermediate,
-                                                  then llama.cpp's quantizer)
-    GGUF      -> GGUF quantized (requantize)     (quantize_gguf, with a stacked-error warning)
-    GGUF      -> HF folder (dequantize)          (gguf_to_hf)
+What can be converted to what is the conversion graph's business
+(``edgekit.converters.graph``): each format package declares its edges, and a
+conversion follows the shortest route from the source's kind to the output asked for
+(a GGUF to OpenVINO is GGUF -> HF -> OpenVINO). Intermediates are written in a private
+folder beside the output and removed however the conversion ends; the output itself is
+written atomically by its edge.
 
-``check_conversion`` is the one check of a conversion before any work: the output
-format and options, the source kind, and the tools installed. ``convert_model`` runs it
-first, and ``pack`` runs it for every variant before converting the first one.
+``check_conversion`` is the one check of a conversion before any work: the output and
+its options, the source, and the tools every step needs. ``convert_model`` runs it
+first, and ``pack`` runs it for every variant before converting the first one, then
+converts each along its route with ``convert_along`` (sharing intermediates).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from edgekit.converters.gguf_formats import FLOAT_FORMATS, GGUF_FORMATS
-from edgekit.converters.gguf_quantize import quantize_gguf
-from edgekit.converters.gguf_to_hf import gguf_to_hf
-from edgekit.converters.hf_to_gguf import hf_to_gguf
+from edgekit.converters import graph
+from edgekit.converters.formats import ConvertRequest, Edge
 from edgekit.converters.recipe import Recipe
+from edgekit.targets.registry import get_format
 
 from edgekit.atomic import check_destination, work_dir
-from edgekit.errors import TargetUnavailableError, UnsupportedConversionError
+from edgekit.errors import UnsupportedConversionError
 from edgekit.inspection import inspect_model
 from edgekit.modelspec import ModelSpec
 from edgekit.progress import ProgressCallback, no_progress
 
-OutputFormat = Literal["gguf", "hf", "openvino"]
+# Intermediates already written, by (the route's source path, the kind written): pack
+# dequantizes a GGUF once for all its OpenVINO variants.
+Intermediates = MutableMapping[tuple[Path, str], Path]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ConvertResult:
     path: Path
-    format: OutputFormat
+    format: str  # a format name, or "hf"
     quant: str | None
     seconds: float
     warnings: tuple[str, ...]
 
 
+def output_quant(to: str, quant: str | None) -> str | None:
+    """The quantization a conversion to ``to`` writes: ``quant`` in upper case, or the
+    format's default (None for a Hugging Face folder, which has none)."""
+    if to == graph.HF:
+        return quant.upper() if quant else None
+    return (quant or get_format(to).default_quant).upper()
+
+
 def convert_model(
     src: str | Path,
-    to: OutputFormat,
+    to: str,
     out: str | Path,
     *,
     quant: str | None = None,
@@ -56,97 +65,34 @@ def convert_model(
     force: bool = False,
     progress: ProgressCallback = no_progress,
 ) -> ConvertResult:
-    """Convert ``src`` to ``to`` at ``out``; see the module docstring for the paths.
+    """Convert ``src`` to ``to`` (a format name, or "hf") at ``out``.
 
     Raises:
-        UnsupportedConversionError, OutputExistsError, ConversionError, ModelError.
+        UnsupportedConversionError, TargetUnavailableError, OutputExistsError,
+        ConversionError, ModelError.
     """
     src, out = Path(src), Path(out)
-    start = time.perf_counter()
-
-    def done(fmt: OutputFormat, quant: str | None, warnings: tuple[str, ...]) -> ConvertResult:
-        return ConvertResult(
-            path=out,
-            format=fmt,
-            quant=quant,
-            seconds=time.perf_counter() - start,
-            warnings=warnings,
-        )
-
     check_destination(out, force=force)
     spec = inspect_model(src)
-    name = (quant or ("INT4" if to == "openvino" else "F16")).upper() if to != "hf" else None
-    options = Recipe(weights=name).with_options(recipe) if name is not None else None
-    check_conversion(spec, src, to, quant=quant if to == "hf" else name, recipe=options)
-    if to == "hf":
-        r = gguf_to_hf(src, out, force=force, progress=progress)
-        return done("hf", None, r.warnings)
-    if to == "openvino":
-        from edgekit.converters.openvino_convert import hf_to_openvino
-
-        fmt = name or "INT4"
-        exported = hf_to_openvino(src, out, fmt, recipe=options, force=force, progress=progress)
-        return done("openvino", fmt, exported.warnings)
-
-    name = name or "F16"
-    if spec.format == "gguf":
-        q = quantize_gguf(
-            src, out, name, recipe=options, threads=threads, force=force, progress=progress
-        )
-        return done("gguf", name, q.warnings)
-    if name in FLOAT_FORMATS:
-        hf_to_gguf(
+    route = _route(spec, src, to)
+    name = output_quant(to, quant)
+    options = Recipe(weights=name).with_options(recipe) if to != graph.HF and name else None
+    check_route(route, spec, src, quant=name, recipe=options)
+    with work_dir(out, "build") as scratch:
+        return convert_along(
+            route,
             src,
+            spec,
             out,
-            out_type=name,
+            quant=name,
             recipe=options,
+            scratch=scratch,
+            reuse={},
             tokenizer_pre=tokenizer_pre,
+            threads=threads,
             force=force,
             progress=progress,
         )
-        return done("gguf", name, ())
-    # Quantize from a lossless intermediate in the source's own precision, written in a
-    # private folder beside the output (removed on the way out, however it ends).
-    lossless = spec.dtype if spec.dtype in FLOAT_FORMATS else "F32"
-    with work_dir(out, "build") as scratch:
-        intermediate = scratch / f"{out.stem}.{lossless.lower()}-intermediate.gguf"
-        hf_to_gguf(
-            src,
-            intermediate,
-            out_type=lossless,
-            recipe=options,
-            tokenizer_pre=tokenizer_pre,
-            progress=progress,
-        )
-        q = quantize_gguf(
-            intermediate, out, name, recipe=options, threads=threads, force=force, progress=progress
-        )
-    return done("gguf", name, q.warnings)
-
-
-# Importable modules each conversion step needs, and the extra that installs them.
-_TOOLS: dict[str, tuple[tuple[str, ...], str]] = {
-    "quantize": (("llama_cpp",), "llama-cpp-python: pip install 'edgekit[gguf]'"),
-    "gguf": (("gguf", "numpy"), "the gguf package: pip install 'edgekit[gguf]'"),
-    "openvino": (
-        ("optimum.intel", "openvino", "openvino_tokenizers", "nncf", "transformers"),
-        "optimum-intel and openvino-tokenizers: pip install 'edgekit[openvino]'",
-    ),
-}
-
-
-def _require(step: str, what: str) -> None:
-    modules, install = _TOOLS[step]
-    for module in modules:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):  # a parent package is missing or broken
-            found = False
-        if not found:
-            raise TargetUnavailableError(
-                f"{what} needs {install.split(':')[0]} ({module} is not installed)",
-                hint=install.split(": ", 1)[1],
-            )
 
 
 def check_conversion(
@@ -156,108 +102,121 @@ def check_conversion(
     *,
     quant: str | None,
     recipe: Recipe | None,
-) -> None:
+) -> tuple[Edge, ...]:
     """Everything knowable about converting ``src`` (described by ``spec``) to ``to``
-    before writing anything: the format, the options, the source kind, the tools.
+    before writing anything, for every step of its route; returns the route.
 
-    ``quant`` is the output format name (upper case; None for ``to="hf"``) and ``recipe``
-    the parsed options.
+    ``quant`` is the output's quantization (upper case; None for ``to="hf"``) and
+    ``recipe`` the parsed options.
 
     Raises:
-        UnsupportedConversionError: the format, option or source cannot be converted so.
-        TargetUnavailableError: a tool the conversion needs is not installed.
+        UnsupportedConversionError: the output, an option or the source cannot be
+            converted so.
+        TargetUnavailableError: a tool some step needs is not installed.
     """
-    if to == "hf":
-        if spec.format != "gguf":
-            raise UnsupportedConversionError(
-                f"{src} is already a Hugging Face folder", hint="convert it --to gguf"
-            )
-        if quant:
-            raise UnsupportedConversionError(
-                "--quant does not apply to --to hf (it writes float32)"
-            )
-        return
-    if to == "openvino":
-        _check_openvino(spec, src, quant or "INT4", recipe)
-        return
-    if to != "gguf":
-        raise UnsupportedConversionError(
-            f"unknown output format {to!r}", hint="use gguf, openvino or hf"
-        )
-    name = (quant or "F16").upper()
-    if name not in GGUF_FORMATS:
-        raise UnsupportedConversionError(
-            f"{quant!r} is not a GGUF type edgekit writes",
-            hint=f"choose one of {', '.join(GGUF_FORMATS)}",
-        )
-    if spec.format == "gguf":
-        if name in FLOAT_FORMATS:
-            raise UnsupportedConversionError(
-                f"{src} is already GGUF; converting it to {name} adds nothing",
-                hint="quantize it (--quant Q4_K_M, ...) or convert it --to hf",
-            )
-        _require("quantize", "quantizing a GGUF")
-    else:
-        _check_hf_weights(spec, src, "GGUF conversion")
-        _require("gguf", "writing a GGUF")
-        if name not in FLOAT_FORMATS:
-            _require("quantize", f"quantizing to {name}")
-    if recipe is not None and name not in FLOAT_FORMATS:
-        from edgekit.converters.gguf_quantize import _ggml_type
-
-        for what in ("embeddings", "output"):
-            value = getattr(recipe, what)
-            if value:
-                _ggml_type(value, what)
+    route = _route(spec, src, to)
+    check_route(route, spec, src, quant=quant, recipe=recipe)
+    return route
 
 
-def _check_hf_weights(spec: ModelSpec, src: Path, what: str) -> None:
-    if spec.format != "hf" or spec.parameters_source != "tensors":
-        raise UnsupportedConversionError(
-            f"{src}: {what} needs a Hugging Face folder with safetensors weights",
-            hint="a GGUF is converted with --to gguf --quant (requantize) or --to hf",
+def check_route(
+    route: tuple[Edge, ...],
+    spec: ModelSpec,
+    src: Path,
+    *,
+    quant: str | None,
+    recipe: Recipe | None,
+) -> None:
+    """Every step's check, in order, before any step runs (a step whose source an earlier
+    step writes is checked with the route's source: see ``ConvertRequest``)."""
+    for i, edge in enumerate(route):
+        last = i == len(route) - 1
+        edge.check(
+            ConvertRequest(
+                src=src,
+                out=None,
+                spec=spec,
+                quant=quant if last else _intermediate_quant(edge.output),
+                recipe=recipe if last else None,
+                progress=no_progress,
+            )
         )
 
 
-def _check_openvino(spec: ModelSpec, src: Path, quant: str, recipe: Recipe | None) -> None:
-    """OpenVINO export: from a Hugging Face folder (a GGUF source is dequantized to one
-    first: the caller checks that step), of a family the pinned exporter handles."""
-    from edgekit.converters.openvino_convert import (
-        EXPORTABLE,
-        KV_PRECISIONS,
-        OPENVINO_FORMATS,
-        _calibration_texts,
-        _quantization_config,
+def convert_along(
+    route: tuple[Edge, ...],
+    src: Path,
+    spec: ModelSpec,
+    out: Path,
+    *,
+    quant: str | None,
+    recipe: Recipe | None,
+    scratch: Path,
+    reuse: Intermediates,
+    tokenizer_pre: str | None = None,
+    threads: int | None = None,
+    force: bool = False,
+    progress: ProgressCallback = no_progress,
+) -> ConvertResult:
+    """Run ``route`` (checked with ``check_route``) from ``src`` to ``out``.
+
+    Intermediates go to ``scratch`` (the caller's private folder, removed by the caller)
+    and into ``reuse``; one already in ``reuse`` is not written again. The last step
+    writes ``out`` atomically.
+    """
+    start = time.perf_counter()
+    warnings: list[str] = []
+    current, current_spec = src, spec
+    for i, edge in enumerate(route):
+        last = i == len(route) - 1
+        key = (src, edge.output)
+        if not last and key in reuse:
+            current = reuse[key]
+            current_spec = inspect_model(current)
+            continue
+        request = ConvertRequest(
+            src=current,
+            out=out if last else scratch / f"{src.stem}.{edge.output}-intermediate",
+            spec=current_spec,
+            quant=quant if last else _intermediate_quant(edge.output),
+            recipe=recipe if last else None,
+            tokenizer_pre=tokenizer_pre,
+            threads=threads,
+            force=force and last,
+            progress=progress,
+        )
+        if i > 0:  # its source exists now: check what could not be checked before
+            edge.check(request)
+        warnings.extend(w for w in edge.run(request) if w not in warnings)
+        if not last:
+            current = reuse[key] = request.destination()
+            current_spec = inspect_model(current)
+    return ConvertResult(
+        path=out,
+        format=route[-1].output,
+        quant=quant,
+        seconds=time.perf_counter() - start,
+        warnings=tuple(warnings),
     )
 
-    from edgekit.architectures import FAMILIES
 
-    quant = quant.upper()
-    if quant not in OPENVINO_FORMATS:
+def _route(spec: ModelSpec, src: Path, to: str) -> tuple[Edge, ...]:
+    try:
+        return graph.route(spec.format, to)
+    except UnsupportedConversionError as exc:
+        if spec.format != to:
+            raise
+        there = graph.reachable(spec.format)
         raise UnsupportedConversionError(
-            f"{quant!r} is not an OpenVINO format edgekit writes",
-            hint=f"choose one of {', '.join(OPENVINO_FORMATS)}",
-        )
-    if spec.format == "hf":
-        _check_hf_weights(spec, src, "OpenVINO export")
-        if not (src / "tokenizer.json").is_file() and not (src / "tokenizer.model").is_file():
-            raise UnsupportedConversionError(
-                f"{src}: no tokenizer (tokenizer.json or tokenizer.model)",
-                hint="save the tokenizer beside the weights (tokenizer.save_pretrained) first",
-            )
-    if spec.family not in EXPORTABLE:
-        display = next((f.display for f in FAMILIES if f.key == spec.family), spec.family)
-        raise UnsupportedConversionError(
-            f"{display} cannot be exported to OpenVINO with the pinned optimum-intel",
-            hint="use the GGUF target for this model",
-        )
-    recipe = recipe or Recipe(weights=quant)
-    if recipe.kv_cache not in KV_PRECISIONS:
-        raise UnsupportedConversionError(
-            f"KV-cache type {recipe.kv_cache!r} has no OpenVINO equivalent",
-            hint="use f16, q8_0 (u8) or f32",
-        )
-    _require("openvino", "OpenVINO export")
-    _calibration_texts(recipe.calibration)
-    if recipe.group_size is not None:
-        _quantization_config(quant, recipe, None)  # refuses a group size NNCF lacks
+            f"{src} is already {graph.describe(to)}",
+            hint=f"convert it --to {' or '.join(there)}" if there else exc.hint,
+        ) from None
+
+
+def _intermediate_quant(kind: str) -> str | None:
+    """What an intermediate is written as: a Hugging Face folder has no quantization; a
+    format, its first lossless quantization (its default when it has none)."""
+    if kind == graph.HF:
+        return None
+    fmt = get_format(kind)
+    return next((q.name for q in fmt.quants.values() if q.lossless), fmt.default_quant)

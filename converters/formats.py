@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from edgekit.errors import ConversionError, UnsupportedConversionError
 from edgekit.progress import ProgressCallback
 
 if TYPE_CHECKING:
     from edgekit.converters.layouts import WeightLayout
     from edgekit.converters.recipe import Recipe
+
     from edgekit.modelspec import ModelSpec
 
 # Source kinds: what ``inspect_model`` reports as ModelSpec.format ("hf", "gguf"), and
@@ -47,10 +49,14 @@ class Quant:
 
 @dataclass(frozen=True, kw_only=True)
 class ConvertRequest:
-    """One conversion step, with checked options."""
+    """One conversion step, with checked options.
+
+    A check of a step whose source an earlier step of the route writes gets the route's
+    source (``src``, ``spec``: the same model); it checks what it can before that file
+    exists, and the step is checked again on the real file before it runs."""
 
     src: Path
-    out: Path
+    out: Path | None  # None in a check made before the destination is chosen
     spec: ModelSpec
     quant: str | None  # None for an edge whose output has no quantization (-> hf)
     recipe: Recipe | None
@@ -58,6 +64,16 @@ class ConvertRequest:
     threads: int | None = None
     force: bool = False
     progress: ProgressCallback
+
+    def destination(self) -> Path:
+        """Where the step writes.
+
+        Raises:
+            ConversionError: the request is a check's, made without a destination.
+        """
+        if self.out is None:
+            raise ConversionError(f"no destination given for converting {self.src}")
+        return self.out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +88,9 @@ class Edge:
     # runs the conversion; returns its warnings
     run: Callable[[ConvertRequest], tuple[str, ...]]
     describe: str  # one line for docs and --json: "HF folder -> GGUF (llama.cpp quantizer)"
+    # the distributions it runs ("gguf", "llama-cpp-python"): a bundle's provenance
+    # records their versions
+    tools: tuple[str, ...] = ()
 
 
 class Format(ABC):
@@ -85,9 +104,28 @@ class Format(ABC):
     quants: ClassVar[Mapping[str, Quant]]
     # False: edgekit sizes and predicts it (plan) but cannot build it yet (no edges)
     buildable: ClassVar[bool] = True
+    # The tool that requantizes a source already in this format, copying every tensor that
+    # already has the type it would choose ("" when a conversion rewrites every tensor):
+    # such a source kept in its own quantization loses nothing more.
+    requantizer: ClassVar[str] = ""
 
     def quant(self, name: str) -> Quant | None:
         return self.quants.get(name.upper())
+
+    def require_quant(self, name: str) -> Quant:
+        """The quantization ``name`` (any case).
+
+        Raises:
+            UnsupportedConversionError: this format has no such quantization (the hint
+                lists those it has).
+        """
+        found = self.quant(name)
+        if found is None:
+            raise UnsupportedConversionError(
+                f"{self.display} has no format {name!r}",
+                hint=f"choose one of {', '.join(q.name for q in self.quants.values())}",
+            )
+        return found
 
     @abstractmethod
     def layout(self, spec: ModelSpec, quant: str, *, group_size: int | None = None) -> WeightLayout:
@@ -102,6 +140,12 @@ class Format(ABC):
         """The layout of a variant already built in this format (``spec`` describes its
         file); by default the planned layout of the same quantization."""
         return self.layout(spec, quant)
+
+    def cannot_build(self, spec: ModelSpec) -> str:
+        """Why edgekit's converter cannot build ``spec`` in this buildable format ("" when
+        it can: e.g. a family the exporter does not support yet). The planner marks such a
+        candidate prediction-only; no tool is imported."""
+        return ""
 
     def edges(self) -> tuple[Edge, ...]:
         """The conversions this package performs (none for a format edgekit cannot build)."""

@@ -195,7 +195,7 @@ def test_every_offered_format_writes_a_loadable_file(
     tiny_llama: Path, tmp_path: Path, quant: str
 ) -> None:
     from edgekit.converters.convert import convert_model
-    from edgekit.converters.gguf_formats import GGUF_FORMATS
+    from edgekit.converters.gguf.table import GGUF_FORMATS
     from edgekit.targets.llamacpp import LlamaCppTarget
 
     out = tmp_path / f"{quant}.gguf"

@@ -313,8 +313,8 @@ def test_hostile_hugging_face_tokenizer(
 def test_tokenizer_json_size_is_bounded(
     tiny: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from edgekit.converters import gguf_tokenizer
     from edgekit.converters.convert import convert_model
+    from edgekit.converters.gguf.tokenizer import to_gguf as gguf_tokenizer
 
     monkeypatch.setattr(gguf_tokenizer, "MAX_TOKENIZER_BYTES", 1000, raising=False)
     sentinel = _sentinel(tmp_path)

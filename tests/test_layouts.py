@@ -6,14 +6,16 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from edgekit.converters.formats import Format
+from edgekit.converters.gguf.layout import gguf_layout
 from edgekit.converters.layouts import (
     IntScheme,
-    gguf_layout,
     int_nbytes,
-    openvino_layout,
     tensor_role,
 )
+from edgekit.converters.openvino.layout import openvino_layout
 
+from edgekit.errors import UnsupportedConversionError
 from edgekit.inspection import inspect_model
 from edgekit.modelspec import TensorInfo
 from tests.conftest import require
@@ -51,7 +53,7 @@ def k_quant_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gguf_layout_matches_llama_cpp_k_quant_shapes(k_quant_source: Path, fmt: str) -> None:
     require("llama_cpp", "quantizing needs llama.cpp")
-    from edgekit.converters.gguf_quantize import quantize_gguf
+    from edgekit.converters.gguf.quantize import quantize_gguf
 
     out = k_quant_source.parent / f"{fmt}.gguf"
     if not out.exists():
@@ -65,7 +67,7 @@ def test_gguf_layout_matches_llama_cpp_on_the_default_model(
 ) -> None:
     """SmolLM2's rows (576) do not divide into 256: K-quants fall back to 32-blocks."""
     require("llama_cpp", "quantizing needs llama.cpp")
-    from edgekit.converters.gguf_quantize import quantize_gguf
+    from edgekit.converters.gguf.quantize import quantize_gguf
 
     out = tmp_path / f"{fmt}.gguf"
     quantize_gguf(default_gguf, out, fmt)
@@ -144,3 +146,104 @@ def test_openvino_layout_matches_nncf(tmp_path: Path, family: str, fmt: str) -> 
     actual = _ir_weight_bytes(out / "openvino_model.xml")
     # the IR also holds small float constants (rotary tables, eps): within 1%
     assert predicted == pytest.approx(actual, rel=0.01), (predicted, actual)
+
+
+# --- the format packages: their quantizations and layouts --------------------------------
+
+MISTRAL_7B = Path(__file__).parent.parent / "samples" / "configs" / "mistral-7b"
+
+
+def test_gguf_format_offers_every_file_type_edgekit_writes() -> None:
+    from edgekit.converters.gguf import FORMAT
+    from edgekit.converters.gguf.table import GGUF_FORMATS, MEASURED_KL
+
+    assert list(FORMAT.quants) == list(GGUF_FORMATS)
+    assert (FORMAT.name, FORMAT.entry, FORMAT.default_quant) == ("gguf", "model.gguf", "F16")
+    for name, row in GGUF_FORMATS.items():
+        quant = FORMAT.quants[name]
+        assert quant.bits_per_weight == row.bits_per_weight
+        if name in ("F32", "F16", "BF16"):
+            assert quant.lossless and quant.expected_kl == 0.0
+        else:
+            assert not quant.lossless and quant.expected_kl == MEASURED_KL.get(name)
+    q4_1 = FORMAT.quants["Q4_1"]  # the default model's type: never measured
+    assert (q4_1.expected_kl, q4_1.kl_source) == (None, "no measurement")
+    assert FORMAT.quant("q4_k_m") is FORMAT.quants["Q4_K_M"]
+    with pytest.raises(UnsupportedConversionError, match="GGUF has no format 'Q9'") as e:
+        FORMAT.layout(inspect_model(MISTRAL_7B), "Q9")
+    assert e.value.hint and "Q4_K_M" in e.value.hint
+
+
+def test_gguf_format_layout_is_llama_cpps_and_a_built_file_is_its_own() -> None:
+    from edgekit.converters.gguf import FORMAT
+
+    spec = inspect_model(MISTRAL_7B)
+    assert FORMAT.layout(spec, "q4_k_m") == gguf_layout(spec, "Q4_K_M")
+    # F16 of a BF16 checkpoint: the same bytes, stored as the source's BF16
+    assert spec.dtype == "BF16"
+    assert FORMAT.layout(spec, "F16") == FORMAT.layout(spec, "BF16")
+
+
+def test_built_gguf_layout_reads_the_files_tensors(tmp_path: Path) -> None:
+    from edgekit.converters.gguf import FORMAT
+
+    from tests.builders import full_tiny_gguf_tensors, gguf_bytes, tiny_gguf_metadata
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(gguf_bytes(tiny_gguf_metadata(), full_tiny_gguf_tensors()))
+    spec = inspect_model(path)
+    built = FORMAT.built_layout(spec, "q8_0")  # the file says F32 whatever the name asked
+    assert built.format == "Q8_0"
+    assert {t.storage for t in built.tensors} == {"F32"}
+    assert built.total_bytes == sum(t.nbytes for t in spec.tensors)
+    assert built != FORMAT.layout(spec, "Q8_0")
+
+
+def test_openvino_format() -> None:
+    from edgekit.converters.openvino import FORMAT
+
+    assert (FORMAT.name, FORMAT.entry, FORMAT.default_quant) == ("openvino", "", "INT4")
+    bits = {q.name: q.bits_per_weight for q in FORMAT.quants.values()}
+    assert bits == {"F16": 16.0, "INT8": 8.0, "INT4": 4.6, "INT4_SYM": 4.3}
+    assert FORMAT.quants["F16"].lossless and not FORMAT.quants["INT4"].lossless
+    spec = inspect_model(MISTRAL_7B)
+    assert FORMAT.layout(spec, "int4") == openvino_layout(spec, "INT4")
+    assert FORMAT.layout(spec, "INT4", group_size=64) == openvino_layout(spec, "INT4", group_size=64)
+    assert FORMAT.layout(spec, "INT4", group_size=64) != FORMAT.layout(spec, "INT4")
+
+
+def test_prediction_only_formats_size_their_schemes_and_borrow_quality() -> None:
+    from edgekit.converters.gguf import FORMAT as GGUF
+    from edgekit.converters.mlx import FORMAT as MLX
+    from edgekit.converters.onnx import FORMAT as ONNX
+    from edgekit.converters.openvino import FORMAT as OPENVINO
+    from edgekit.converters.tensorrt import FORMAT as TENSORRT
+
+    spec = inspect_model(MISTRAL_7B)
+    for fmt in (ONNX, MLX, TENSORRT):
+        assert not fmt.buildable and fmt.edges() == ()
+    # quality by analogy with the closest measured format, and said so
+    assert ONNX.quants["INT4"].expected_kl == OPENVINO.quants["INT4_SYM"].expected_kl
+    assert MLX.quants["4BIT"].expected_kl == GGUF.quants["Q4_0"].expected_kl
+    assert TENSORRT.quants["INT4"].expected_kl == OPENVINO.quants["INT4"].expected_kl
+    assert MLX.quants["4BIT"].kl_source == "by analogy with GGUF Q4_0 (no measurement)"
+    assert MLX.quants["F16"].lossless
+    # MLX keeps its own names, found in any case
+    mlx = MLX.quant("8BIT")
+    assert mlx is not None and mlx.name == "8bit" and MLX.quant("8bit") is mlx
+    assert MLX.layout(spec, "8BIT").format == "8bit"
+
+    def storage(fmt: Format, quant: str, role: str) -> str:
+        return next(t.storage for t in fmt.layout(spec, quant).tensors if t.role == role)
+
+    # QNN: 4-bit per channel, the embedding and lm_head at INT8 per channel
+    assert storage(ONNX, "INT4", "attn_q") == "INT4/channel"
+    assert storage(ONNX, "INT4", "token_embd") == "INT8/channel"
+    # TensorRT weight-only: the embedding and lm_head stay at f16
+    assert storage(TENSORRT, "INT4", "ffn_up") == "INT4/g128"
+    assert storage(TENSORRT, "INT4", "output") == "F16"
+    # MLX: a float scale and bias per 64 weights, every matrix
+    q = next(t for t in MLX.layout(spec, "4bit").tensors if t.role == "ffn_down")
+    rows, cols = q.shape
+    assert q.nbytes == rows * cols // 2 + rows * (cols // 64) * 4
+    assert MLX.quants["4BIT"].bits_per_weight == 4.5

@@ -1,4 +1,6 @@
-"""``edgekit convert``: between Hugging Face folders and GGUF, quantizing on the way."""
+"""``edgekit convert``: a model to any format edgekit builds, or a GGUF back to a Hugging
+Face folder, quantizing on the way. The outputs and their quantizations come from the
+conversion graph (the registered formats' edges)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,46 @@ import click
 
 from edgekit.cli import emit_json, err_console, json_option, main, render
 from edgekit.cli.progress import progress_bars
+from edgekit.converters import graph
+from edgekit.converters.convert import convert_model
+from edgekit.targets.registry import get_format
+
+
+class _Outputs(click.Choice[str]):
+    """The conversion graph's outputs, read when the command runs (the registry may
+    gain a plug-in after this module is imported)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return graph.outputs()
+
+    @choices.setter
+    def choices(self, _value: object) -> None:
+        """Choice's constructor sets the list; the graph is the list."""
+
+
+class _QuantOption(click.Option):
+    """--quant, whose help lists each output format's quantizations when it is shown
+    (importing the CLI loads no plug-in)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.help = _quant_help()
+        return super().get_help_record(ctx)
+
+
+def _quant_help() -> str:
+    """Each output format's quantizations and default, from its format package."""
+    parts = []
+    for name in graph.outputs():
+        if name == graph.HF:
+            continue
+        fmt = get_format(name)
+        quants = ", ".join(q.name for q in fmt.quants.values())
+        parts.append(f"{fmt.display}: {quants} (default {fmt.default_quant})")
+    return "; ".join(parts) + "."
 
 
 @main.command("convert")
@@ -15,14 +57,14 @@ from edgekit.cli.progress import progress_bars
 @click.option(
     "--to",
     "to",
-    type=click.Choice(["gguf", "openvino", "hf"]),
+    type=_Outputs(),
     required=True,
     help="Output format.",
 )
 @click.option(
     "--quant",
-    help="GGUF: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, ... (default F16); "
-    "OpenVINO: F16, INT8, INT4, INT4_SYM (default INT4).",
+    cls=_QuantOption,
+    help="The output's quantization.",
 )
 @click.option(
     "-o", "--output", "out", type=click.Path(path_type=Path), required=True, help="Output path."
@@ -49,13 +91,12 @@ def convert_command(
     force: bool,
     as_json: bool,
 ) -> None:
-    """Convert SRC (a Hugging Face folder or a .gguf file) to GGUF or to a Hugging Face folder."""
-    from edgekit.converters.convert import convert_model
-
+    """Convert SRC (a Hugging Face folder or a .gguf file) to another format, or a GGUF to a
+    Hugging Face folder."""
     with progress_bars(disable=as_json) as on_progress:
         result = convert_model(
             src,
-            "hf" if to == "hf" else "openvino" if to == "openvino" else "gguf",
+            to,
             out,
             quant=quant,
             recipe=recipe,

@@ -6,7 +6,7 @@ in ``edgekit.json`` beside the weights and returned as a warning.
 
 Tokenizers: byte-level BPE (``tokenizer.ggml.model = gpt2``) and SentencePiece-style BPE
 (``llama``) GGUFs are written as a tokenizer.json that tokenizes as llama.cpp does with the
-GGUF (``gguf_tokenizer.hf_tokenizer_files``).
+GGUF (``tokenizer.to_hf.hf_tokenizer_files``).
 
 Structure is checked before anything is allocated: ``inspect_model`` validates the header,
 and the tensor set must be the one ``block_count`` layers of the family have (a 10 KB file
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from edgekit.converters.gguf_arch import ARCHES, tensor_name_map, untransform
-from edgekit.converters.gguf_formats import FLOAT_FORMATS
-from edgekit.converters.gguf_tokenizer import dump_tokenizer, hf_tokenizer_files
+from edgekit.converters.gguf.arch import ARCHES, tensor_name_map, untransform
+from edgekit.converters.gguf.table import FLOAT_FORMATS
+from edgekit.converters.gguf.tokenizer.to_hf import dump_tokenizer, hf_tokenizer_files
 from edgekit.converters.tensor_io import write_safetensors
 
 from edgekit.architectures import Dimensions, Family, expected_tensors, family_for_gguf

@@ -21,19 +21,25 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from edgekit.converters.gguf_formats import FLOAT_FORMATS, GGUF_FORMATS, QUANTIZED_FILE_TYPES
-from edgekit.converters.hf_to_gguf import RECIPE_KEY, recorded_recipe
+from edgekit.converters.gguf.llamacpp_log import route_llamacpp_logs
+from edgekit.converters.gguf.table import (
+    FLOAT_FORMATS,
+    GGUF_FORMATS,
+    QUANTIZED_FILE_TYPES,
+    RECIPE_KEY,
+    ggml_type_id,
+    recorded_recipe,
+)
 from edgekit.converters.recipe import Recipe
 
 from edgekit.atomic import atomic_path, check_destination
 from edgekit.errors import ConversionError, TargetUnavailableError, UnsupportedConversionError
-from edgekit.ggml_types import GGML_TYPES, LLAMA_FILE_TYPES
+from edgekit.ggml_types import LLAMA_FILE_TYPES
 from edgekit.gguf_header import read_gguf_header
 from edgekit.inspection import spec_from_gguf
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
 
 log = logging.getLogger(__name__)
-_GGML_BY_NAME = {t.name: i for i, t in GGML_TYPES.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,23 +91,14 @@ def quantize_gguf(
         raise TargetUnavailableError(
             "quantization needs llama-cpp-python", hint="pip install 'edgekit[gguf]'"
         ) from exc
-    from edgekit.targets.llamacpp_log import route_llamacpp_logs
-
     route_llamacpp_logs()
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = fmt.ftype
-    params.nthread = threads or psutil.cpu_count(logical=False) or 1
-    params.allow_requantize = source_type in QUANTIZED_FILE_TYPES
     recipe = replace(recipe or Recipe(weights=fmt.name), weights=fmt.name)
     for option in ("group_size", "ratio", "calibration"):
         if getattr(recipe, option) is not None:
             warnings.append(
                 f"recipe {option}={getattr(recipe, option)} has no llama.cpp equivalent: unused"
             )
-    if recipe.embeddings:
-        params.token_embedding_type = _ggml_type(recipe.embeddings, "embeddings")
-    if recipe.output:
-        params.output_tensor_type = _ggml_type(recipe.output, "output")
+    params = _params(llama_cpp, fmt.ftype, recipe, threads, source_type)
     # Kept alive until the quantizer returns: llama.cpp reads the array through a pointer.
     overrides = _recipe_override(llama_cpp, recipe)
     params.kv_overrides = overrides
@@ -131,6 +128,21 @@ def quantize_gguf(
     )
 
 
+def _params(
+    llama_cpp: Any, ftype: int, recipe: Recipe, threads: int | None, source_type: str | None
+) -> Any:
+    """llama.cpp's quantize parameters for ``recipe`` (the key overrides are set apart)."""
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = threads or psutil.cpu_count(logical=False) or 1
+    params.allow_requantize = source_type in QUANTIZED_FILE_TYPES
+    if recipe.embeddings:
+        params.token_embedding_type = ggml_type_id(recipe.embeddings, "embeddings")
+    if recipe.output:
+        params.output_tensor_type = ggml_type_id(recipe.output, "output")
+    return params
+
+
 def _recipe_override(llama_cpp: Any, recipe: Recipe) -> Any:
     """A zero-terminated llama.cpp key-override array that sets ``edgekit.recipe``."""
     value = recorded_recipe(recipe).encode()
@@ -144,16 +156,6 @@ def _recipe_override(llama_cpp: Any, recipe: Recipe) -> Any:
     array[0].key = RECIPE_KEY.encode()
     array[0].value.val_str = value
     return array
-
-
-def _ggml_type(name: str, what: str) -> int:
-    type_id = _GGML_BY_NAME.get(name.upper())
-    if type_id is None:
-        raise UnsupportedConversionError(
-            f"recipe {what}={name!r} is not a GGML tensor type",
-            hint="use e.g. Q8_0, Q6_K, F16",
-        )
-    return type_id
 
 
 def _run_with_heartbeat(fn: object, progress: ProgressCallback, quant: str) -> int:

@@ -80,16 +80,10 @@ def _quantization_config(
         if recipe.group_size or recipe.ratio:
             warnings.append("INT8 is per-channel: group_size and ratio are unused")
         return OVWeightQuantizationConfig(bits=8, sym=False, group_size=-1), warnings
-    sym = quant == "INT4_SYM"
-    group = recipe.group_size or (-1 if sym else 128)
-    if group not in (-1, 32, 64, 128, 256):
-        raise UnsupportedConversionError(
-            f"group_size={group} is not one NNCF supports", hint="use 64, 128 (or -1: per channel)"
-        )
     kwargs: dict[str, Any] = {
         "bits": 4,
-        "sym": sym,
-        "group_size": group,
+        "sym": quant == "INT4_SYM",
+        "group_size": group_size_for(quant, recipe),
         "ratio": recipe.ratio or 1.0,
         "group_size_fallback": "adjust",
     }
@@ -103,7 +97,26 @@ def _quantization_config(
     return OVWeightQuantizationConfig(**kwargs), warnings
 
 
-def _calibration_texts(path: str | None) -> list[str] | None:
+def group_size_for(quant: str, recipe: Recipe) -> int:
+    """The NNCF group size of a 4-bit format (-1: per channel).
+
+    Raises:
+        UnsupportedConversionError: the recipe asks for a size NNCF lacks.
+    """
+    group = recipe.group_size or (-1 if quant == "INT4_SYM" else 128)
+    if group not in (-1, 32, 64, 128, 256):
+        raise UnsupportedConversionError(
+            f"group_size={group} is not one NNCF supports", hint="use 64, 128 (or -1: per channel)"
+        )
+    return group
+
+
+def calibration_texts(path: str | None) -> list[str] | None:
+    """The chunks of a calibration text file NNCF compresses with (None: no file).
+
+    Raises:
+        UnsupportedConversionError: the file is missing or empty.
+    """
     if not path:
         return None
     file = Path(path)
@@ -143,6 +156,83 @@ def hf_to_openvino(
             hint=f"choose one of {', '.join(OPENVINO_FORMATS)}",
         )
     check_destination(out, force=force)
+    _check_source(src)
+    recipe = recipe or Recipe(weights=quant)
+    kv = KV_PRECISIONS.get(recipe.kv_cache)
+    if kv is None:
+        raise UnsupportedConversionError(
+            f"KV-cache type {recipe.kv_cache!r} has no OpenVINO equivalent",
+            hint="use f16, q8_0 (u8) or f32",
+        )
+    calibration = calibration_texts(recipe.calibration)
+    try:
+        import openvino  # noqa: F401
+        import openvino_tokenizers  # noqa: F401
+        import optimum.intel  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise TargetUnavailableError(
+            f"OpenVINO export needs optimum-intel and openvino-tokenizers ({exc.name} is missing)",
+            hint="pip install 'edgekit[openvino]'",
+        ) from exc
+    qconfig, warnings = _quantization_config(quant, recipe, calibration)
+
+    with atomic_path(out, force=force) as tmp, _quiet_export():
+        try:
+            _export(src, tmp, qconfig, progress)
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise ConversionError(f"OpenVINO export of {src} failed: {exc}") from exc
+        _verify(tmp)
+        progress(ProgressEvent(stage="export", done=2, total=3, detail="choosing the precision"))
+        _return_freed_memory()
+        precision, check = choose_cpu_precision(tmp)
+        settings = {
+            "quant": quant,
+            "recipe": recipe.to_json(),
+            "kv_cache_precision": kv,
+            "inference_precision": precision,
+            "precision_check": check,
+            "warnings": warnings,
+        }
+        (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
+        progress(ProgressEvent(stage="export", done=3, total=3, detail="verified"))
+    for w in warnings:
+        log.info("%s", w)
+    return OpenVinoResult(path=out, quant=quant, warnings=tuple(warnings))
+
+
+def _export(src: Path, tmp: Path, qconfig: Any, progress: ProgressCallback) -> None:
+    """The model (compressed by ``qconfig``; None: f16) and its tokenizer models, into
+    ``tmp``."""
+    import openvino as ov
+    from openvino_tokenizers import convert_tokenizer
+    from optimum.intel import OVModelForCausalLM
+    from transformers import AutoTokenizer
+
+    progress(ProgressEvent(stage="export", done=0, total=3, detail="tracing the model"))
+    if qconfig is None:
+        _export_f16(src, tmp)
+    else:
+        model = OVModelForCausalLM.from_pretrained(
+            src,
+            export=True,
+            compile=False,
+            load_in_8bit=False,
+            quantization_config=qconfig,
+        )
+        model.save_pretrained(tmp)
+        del model
+    progress(ProgressEvent(stage="export", done=1, total=3, detail="tokenizer"))
+    hf_tokenizer = AutoTokenizer.from_pretrained(src)
+    tokenizer, detokenizer = convert_tokenizer(hf_tokenizer, with_detokenizer=True)
+    ov.save_model(tokenizer, tmp / "openvino_tokenizer.xml")
+    ov.save_model(detokenizer, tmp / "openvino_detokenizer.xml")
+    hf_tokenizer.save_pretrained(tmp)  # chat template and special tokens, as JSON
+
+
+def _check_source(src: Path) -> None:
+    """A Hugging Face folder with weights and a tokenizer, of a family the pinned
+    exporter handles."""
     spec = inspect_model(src)
     if spec.format != "hf" or spec.parameters_source != "tensors":
         raise UnsupportedConversionError(
@@ -163,66 +253,6 @@ def hf_to_openvino(
             f"{src}: no tokenizer (tokenizer.json or tokenizer.model)",
             hint="save the tokenizer beside the weights (tokenizer.save_pretrained) first",
         )
-    recipe = recipe or Recipe(weights=quant)
-    kv = KV_PRECISIONS.get(recipe.kv_cache)
-    if kv is None:
-        raise UnsupportedConversionError(
-            f"KV-cache type {recipe.kv_cache!r} has no OpenVINO equivalent",
-            hint="use f16, q8_0 (u8) or f32",
-        )
-    calibration = _calibration_texts(recipe.calibration)
-    try:
-        import openvino as ov
-        from openvino_tokenizers import convert_tokenizer
-        from optimum.intel import OVModelForCausalLM
-        from transformers import AutoTokenizer
-    except ImportError as exc:
-        raise TargetUnavailableError(
-            f"OpenVINO export needs optimum-intel and openvino-tokenizers ({exc.name} is missing)",
-            hint="pip install 'edgekit[openvino]'",
-        ) from exc
-    qconfig, warnings = _quantization_config(quant, recipe, calibration)
-
-    with atomic_path(out, force=force) as tmp, _quiet_export():
-        try:
-            progress(ProgressEvent(stage="export", done=0, total=3, detail="tracing the model"))
-            if qconfig is None:
-                _export_f16(src, tmp)
-            else:
-                model = OVModelForCausalLM.from_pretrained(
-                    src,
-                    export=True,
-                    compile=False,
-                    load_in_8bit=False,
-                    quantization_config=qconfig,
-                )
-                model.save_pretrained(tmp)
-                del model
-            progress(ProgressEvent(stage="export", done=1, total=3, detail="tokenizer"))
-            hf_tokenizer = AutoTokenizer.from_pretrained(src)
-            tokenizer, detokenizer = convert_tokenizer(hf_tokenizer, with_detokenizer=True)
-            ov.save_model(tokenizer, tmp / "openvino_tokenizer.xml")
-            ov.save_model(detokenizer, tmp / "openvino_detokenizer.xml")
-            hf_tokenizer.save_pretrained(tmp)  # chat template and special tokens, as JSON
-        except (RuntimeError, ValueError, OSError) as exc:
-            raise ConversionError(f"OpenVINO export of {src} failed: {exc}") from exc
-        _verify(tmp)
-        progress(ProgressEvent(stage="export", done=2, total=3, detail="choosing the precision"))
-        _return_freed_memory()
-        precision, check = choose_cpu_precision(tmp)
-        settings = {
-            "quant": quant,
-            "recipe": recipe.to_json(),
-            "kv_cache_precision": kv,
-            "inference_precision": precision,
-            "precision_check": check,
-            "warnings": warnings,
-        }
-        (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
-        progress(ProgressEvent(stage="export", done=3, total=3, detail="verified"))
-    for w in warnings:
-        log.info("%s", w)
-    return OpenVinoResult(path=out, quant=quant, warnings=tuple(warnings))
 
 
 def _return_freed_memory() -> None:

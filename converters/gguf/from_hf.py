@@ -9,27 +9,30 @@ one tensor's data at a time) into a temporary sibling, read back, and renamed in
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from edgekit.converters.gguf_arch import (
+from edgekit.converters.gguf.arch import (
     ARCHES,
     llama3_rope_factors,
     tensor_name_map,
     transform,
     write_metadata,
 )
-from edgekit.converters.gguf_tokenizer import general_name, read_vocab, write_vocab
+from edgekit.converters.gguf.table import RECIPE_KEY, recorded_recipe
+from edgekit.converters.gguf.tokenizer.specials import general_name
+from edgekit.converters.gguf.tokenizer.to_gguf import read_vocab, write_vocab
 from edgekit.converters.recipe import Recipe
 from edgekit.converters.tensor_io import f32_to_bf16_bits, read_safetensors_f32
 
-from edgekit.architectures import dimensions_from_config, family_for_hf
+from edgekit.architectures import Family, dimensions_from_config, family_for_hf
 from edgekit.atomic import atomic_path, check_destination
 from edgekit.errors import ConversionError, UnsupportedConversionError
 from edgekit.gguf_header import read_gguf_header
 from edgekit.inspection import inspect_model, read_config, spec_from_gguf
+from edgekit.modelspec import ModelSpec
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
 from edgekit.safetensors_header import TensorLocation, locate_tensors
 
@@ -39,13 +42,6 @@ log = logging.getLogger(__name__)
 FLOAT_OUTPUTS: dict[str, tuple[int, int]] = {"F32": (0, 0), "F16": (1, 1), "BF16": (30, 32)}
 # Tensors a checkpoint may carry that llama.cpp recomputes or does not use.
 _SKIP_SUFFIXES = ("rotary_emb.inv_freq",)
-RECIPE_KEY = "edgekit.recipe"
-
-
-def recorded_recipe(recipe: Recipe) -> str:
-    """``recipe`` as a GGUF records it (``edgekit.recipe``): the options llama.cpp has a
-    meaning for; group-wise and calibration options belong to other backends."""
-    return replace(recipe, group_size=None, ratio=None, calibration=None).to_json()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,19 +80,7 @@ def hf_to_gguf(
             hint="write F32, F16 or BF16 here; quantize with quantize_gguf",
         )
     check_destination(out, force=force)
-    spec = inspect_model(src)
-    if spec.format != "hf" or spec.parameters_source != "tensors":
-        raise UnsupportedConversionError(
-            f"{src}: needs a Hugging Face folder with safetensors weights",
-            hint="a GGUF is converted with --to gguf --quant (requantize) or --to hf",
-        )
-    config: dict[str, Any] = read_config(src)
-    family = family_for_hf(config.get("model_type"), config.get("architectures"))
-    if "text_config" in config:
-        raise UnsupportedConversionError(
-            f"{src}: a multimodal {family.display} checkpoint; edgekit converts the text model",
-            hint="export the language model alone (e.g. Gemma3ForCausalLM) and convert that",
-        )
+    spec, config, family = _source(src)
     dims = dimensions_from_config(config, family, str(src))
     arch = ARCHES[family.key]
     vocab = read_vocab(src, dims.vocab_size, pre_override=tokenizer_pre)
@@ -129,35 +113,11 @@ def hf_to_gguf(
                         location=None,
                     )
                 )
-            for p in plan:
-                dtype = (
-                    np.dtype(np.uint16)
-                    if p.ggml_type == 30
-                    else np.dtype(np.float16 if p.ggml_type == 1 else np.float32)
-                )
-                nbytes = int(np.prod(p.shape, dtype=np.int64)) * dtype.itemsize
-                writer.add_tensor_info(
-                    p.gguf_name,
-                    p.shape,
-                    dtype,
-                    nbytes,
-                    raw_dtype=gguf.GGMLQuantizationType(p.ggml_type),
-                )
+            _add_tensor_infos(writer, plan)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
-            for i, p in enumerate(plan):
-                if p.location is None:
-                    theta = float(config.get("rope_theta") or 10000.0)
-                    data = np.asarray(
-                        llama3_rope_factors(scaling, dims.head_dim, theta), np.float32
-                    )
-                else:
-                    data = transform(p.hf_name, read_safetensors_f32(p.location), arch, dims)
-                writer.write_tensor_data(_narrow(data, p.ggml_type))
-                progress(
-                    ProgressEvent(stage="convert", done=i + 1, total=len(plan), detail=p.gguf_name)
-                )
+            _write_tensors(writer, plan, arch, dims, progress, rope=(scaling, config))
         except OSError as exc:
             raise ConversionError(
                 f"writing {out} failed: {exc}", hint="check free disk space"
@@ -167,6 +127,66 @@ def hf_to_gguf(
         _verify(tmp, plan)
     log.info("wrote %s (%s, %d tensors)", out, out_type, len(plan))
     return out
+
+
+def _source(src: Path) -> tuple[ModelSpec, dict[str, Any], Family]:
+    """The Hugging Face folder's spec, config and family, refused when edgekit cannot
+    write it as GGUF."""
+    spec = inspect_model(src)
+    if spec.format != "hf" or spec.parameters_source != "tensors":
+        raise UnsupportedConversionError(
+            f"{src}: needs a Hugging Face folder with safetensors weights",
+            hint="a GGUF is converted with --to gguf --quant (requantize) or --to hf",
+        )
+    config: dict[str, Any] = read_config(src)
+    family = family_for_hf(config.get("model_type"), config.get("architectures"))
+    if "text_config" in config:
+        raise UnsupportedConversionError(
+            f"{src}: a multimodal {family.display} checkpoint; edgekit converts the text model",
+            hint="export the language model alone (e.g. Gemma3ForCausalLM) and convert that",
+        )
+    return spec, config, family
+
+
+def _add_tensor_infos(writer: Any, plan: list[_Planned]) -> None:
+    import gguf
+
+    for p in plan:
+        dtype = (
+            np.dtype(np.uint16)
+            if p.ggml_type == 30
+            else np.dtype(np.float16 if p.ggml_type == 1 else np.float32)
+        )
+        nbytes = int(np.prod(p.shape, dtype=np.int64)) * dtype.itemsize
+        writer.add_tensor_info(
+            p.gguf_name,
+            p.shape,
+            dtype,
+            nbytes,
+            raw_dtype=gguf.GGMLQuantizationType(p.ggml_type),
+        )
+
+
+def _write_tensors(
+    writer: Any,
+    plan: list[_Planned],
+    arch: Any,
+    dims: Any,
+    progress: ProgressCallback,
+    *,
+    rope: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    """Each planned tensor, read one at a time from the safetensors (rope_freqs computed
+    from ``rope``: the scaling settings and the model config), in the file's order."""
+    for i, p in enumerate(plan):
+        if p.location is None:
+            scaling, config = rope
+            theta = float(config.get("rope_theta") or 10000.0)
+            data = np.asarray(llama3_rope_factors(scaling, dims.head_dim, theta), np.float32)
+        else:
+            data = transform(p.hf_name, read_safetensors_f32(p.location), arch, dims)
+        writer.write_tensor_data(_narrow(data, p.ggml_type))
+        progress(ProgressEvent(stage="convert", done=i + 1, total=len(plan), detail=p.gguf_name))
 
 
 def _plan(

@@ -1,0 +1,50 @@
+"""Checks that conversion edges of several format packages share: the tools a step
+imports when it runs, and the Hugging Face source it reads."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgekit.errors import TargetUnavailableError, UnsupportedConversionError
+from edgekit.modelspec import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tool:
+    """Importable modules one conversion step needs, and how to install them."""
+
+    modules: tuple[str, ...]
+    package: str  # what the user installs, in words: "llama-cpp-python"
+    install: str  # the command: "pip install 'edgekit[gguf]'"
+
+
+def require(tool: Tool, what: str) -> None:
+    """``what`` (a step, in words) can run here: every module of ``tool`` is importable.
+
+    Raises:
+        TargetUnavailableError: one is not installed (the hint says how to install it).
+    """
+    for module in tool.modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package is missing or broken
+            found = False
+        if not found:
+            raise TargetUnavailableError(
+                f"{what} needs {tool.package} ({module} is not installed)", hint=tool.install
+            )
+
+
+def check_hf_weights(spec: ModelSpec, src: Path, what: str) -> None:
+    """A conversion that reads a Hugging Face folder's safetensors weights.
+
+    Raises:
+        UnsupportedConversionError: ``src`` is not such a folder.
+    """
+    if spec.format != "hf" or spec.parameters_source != "tensors":
+        raise UnsupportedConversionError(
+            f"{src}: {what} needs a Hugging Face folder with safetensors weights",
+            hint="a GGUF is converted with --to gguf --quant (requantize) or --to hf",
+        )
