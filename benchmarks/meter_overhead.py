@@ -17,8 +17,8 @@ TOKENS = 128
 
 
 def main() -> None:
-    from edgekit.targets.base import Sampling
     from edgekit.targets.llamacpp import LlamaCppTarget
+    from edgekit.targets.values import Sampling
 
     from edgekit.default_model import default_model_path
     from edgekit.power.sampler import PowerSampler

@@ -85,7 +85,7 @@ def compare(folder: Path) -> dict[str, dict[str, float]]:
         return stamps
 
     def edgekit_run(ids: list[int], new: int) -> list[float]:
-        from edgekit.targets.base import Sampling
+        from edgekit.targets.values import Sampling
 
         stamps = [time.perf_counter()]
         # ignore_eos is not part of Sampling: a fixed-length run stops at max_tokens or EOS,

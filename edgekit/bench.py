@@ -27,10 +27,18 @@ from typing import Any
 
 import psutil
 
+import edgekit
 from edgekit import __version__
 from edgekit.errors import BenchStoppedError
+from edgekit.host.jetson import read_jetson
+from edgekit.manifest import Variant
+from edgekit.power.base import PowerMeter
 from edgekit.power.sampler import PowerSampler, PowerWindow
+from edgekit.power.select import select_meter
+from edgekit.probe import probe_host
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
+from edgekit.targets.session import Session
+from edgekit.targets.values import Sampling
 
 SCHEMA_VERSION = 1
 DECODE_PROMPT = "Once upon a time"
@@ -161,6 +169,23 @@ class LiveSample:
 
 LiveCallback = Callable[[LiveSample], None]
 LIVE_WINDOW_S = 0.25
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What one run measures: the bench text cut to each prompt length (prefill, one
+    token each, from an empty cache), then ``gen_tokens`` of greedy decoding past
+    end-of-sequence; each ``warmup`` times unrecorded, then ``repeats`` times."""
+
+    prompt_lengths: tuple[int, ...] = (128, 512)
+    gen_tokens: int = 128
+    repeats: int = 3
+    warmup: int = 1
+
+    @property
+    def steps(self) -> int:
+        return (self.warmup + self.repeats) * (len(self.prompt_lengths) + 1)
 
 
 def bench_text() -> str:
@@ -192,7 +217,7 @@ def bench(
     gen_tokens: int = 128,
     repeats: int = 3,
     warmup: int = 1,
-    meter: str | None = None,
+    meter: str | PowerMeter | None = None,
     interval_s: float = 0.1,
     progress: ProgressCallback = no_progress,
     live: LiveCallback | None = None,
@@ -200,6 +225,8 @@ def bench(
 ) -> BenchResult:
     """Benchmark one variant of ``bundle`` (one run per ``threads`` value).
 
+    ``meter`` is the power meter: one this host has, by name (``rapl``, ``estimated``,
+    ...), or a ``PowerMeter`` to use as it is; None takes the best one readable here.
     ``live`` receives ``LiveSample``s while it runs (for live charts); setting ``stop``
     ends the benchmark at the next token or step.
 
@@ -207,166 +234,35 @@ def bench(
         BundleError, TargetError: from loading; GenerationError from the runtime.
         BenchStoppedError: ``stop`` was set.
     """
-    import edgekit
-    from edgekit.host.jetson import read_jetson
-    from edgekit.power.select import select_meter
-    from edgekit.probe import probe_host
-    from edgekit.targets.base import Sampling
-
     host = probe_host()
-    started = time.monotonic()
-    process = psutil.Process()
-
-    def emit(phase: str, tok_s: float | None, ttft: float | None = None) -> None:
-        if live is None:
-            return
-        reading = sampler.samples[-1][1] if sampler.samples else None
-        live(
-            LiveSample(
-                t=time.monotonic() - started,
-                phase=phase,
-                tok_s=tok_s,
-                watts=reading,
-                watts_measured=power_meter.measured,
-                rss_mb=process.memory_info().rss / 1e6,
-                ttft_s=ttft,
-            )
+    skipped: dict[str, str] = {}  # why each sensor was passed over
+    if isinstance(meter, PowerMeter):
+        power_meter = meter
+    else:
+        power_meter, skipped = select_meter(
+            idle_w=host.profile.power.idle_w, max_w=host.profile.power.max_w, prefer=meter
         )
-
-    def check_stop() -> None:
-        if stop is not None and stop.is_set():
-            raise BenchStoppedError("the benchmark was stopped before it finished")
-
-    power_meter, skipped = select_meter(
-        idle_w=host.profile.power.idle_w, max_w=host.profile.power.max_w, prefer=meter
+    workload = Workload(
+        prompt_lengths=prompt_lengths, gen_tokens=gen_tokens, repeats=repeats, warmup=warmup
     )
     jetson = read_jetson()
-    mhz_before, temp_before = _thermal()
-    text = bench_text()
-    runs: list[BenchRun] = []
-    steps = len(threads) * (warmup + repeats) * (len(prompt_lengths) + 1)
-    done = 0
-    chosen_variant = None
+    before = _thermal()
     with PowerSampler(power_meter, interval_s) as sampler:
-        for n_threads in threads:
-            settings: dict[str, Any] = {}
-            if n_threads:
-                settings["threads"] = n_threads
-            if context:
-                settings["context"] = context
-            with sampler.lock:
-                sampler.peak_rss = 0  # per run: peak above this run's own baseline
-            rss_before = psutil.Process().memory_info().rss
-            t0 = time.perf_counter()
-            session = edgekit.load(bundle, variant=variant, **settings)
-            load_s = time.perf_counter() - t0
-            chosen_variant = session.variant
-            emit("load", None)
-            try:
-                all_ids = session.tokenize(text)
-                prefill: list[PrefillFigures] = []
-                for length in prompt_lengths:
-                    if length >= session.info.context_length:
-                        continue
-                    ids = all_ids[:length]
-                    ttfts: list[float] = []
-                    windows: list[PowerWindow] = []
-                    for i in range(warmup + repeats):
-                        check_stop()
-                        session.clear_cache()
-                        sampler.sample_now()
-                        start_m, start = time.monotonic(), time.perf_counter()
-                        for _ in session.stream_tokens(ids, Sampling(max_tokens=1, temperature=0)):
-                            pass
-                        ttft = time.perf_counter() - start
-                        sampler.sample_now()
-                        emit("prefill", len(ids) / ttft, ttft)
-                        if i >= warmup:
-                            ttfts.append(ttft)
-                            windows.append(sampler.window(start_m, time.monotonic()))
-                        done += 1
-                        progress(
-                            ProgressEvent(
-                                stage="bench", done=done, total=steps, detail=f"prefill {length}"
-                            )
-                        )
-                    joules = [w.joules for w in windows if w.joules is not None]
-                    prefill.append(
-                        PrefillFigures(
-                            prompt_tokens=len(ids),
-                            ttft_s=Spread.of(ttfts),
-                            tok_s=Spread.of([len(ids) / t for t in ttfts]),
-                            power=_merge(windows),
-                            joules_per_token=statistics.median(joules) / len(ids)
-                            if joules
-                            else None,
-                        )
-                    )
-                rates: list[float] = []
-                dwindows: list[PowerWindow] = []
-                counts: list[int] = []
-                prompt_ids = session.tokenize(DECODE_PROMPT)
-                for i in range(warmup + repeats):
-                    check_stop()
-                    session.clear_cache()
-                    stamps: list[float] = []
-                    tokens = 0
-                    last_emit = time.monotonic()
-                    for chunk in session.stream_tokens(
-                        prompt_ids, Sampling(max_tokens=gen_tokens, temperature=0, ignore_eos=True)
-                    ):
-                        check_stop()
-                        if chunk.tokens:
-                            now = time.monotonic()
-                            stamps.append(now)
-                            tokens += chunk.tokens
-                            if live is not None and now - last_emit >= LIVE_WINDOW_S:
-                                recent = [s for s in stamps if s >= now - LIVE_WINDOW_S]
-                                if len(recent) > 1:
-                                    emit("decode", (len(recent) - 1) / (recent[-1] - recent[0]))
-                                last_emit = now
-                    sampler.sample_now()
-                    if len(stamps) > 1:  # the whole run's rate, for live charts of fast models
-                        emit("decode", (len(stamps) - 1) / (stamps[-1] - stamps[0]))
-                    if i >= warmup and len(stamps) > 1:
-                        rates.append((tokens - 1) / (stamps[-1] - stamps[0]))
-                        counts.append(tokens - 1)
-                        dwindows.append(sampler.window(stamps[0], stamps[-1]))
-                    done += 1
-                    progress(ProgressEvent(stage="bench", done=done, total=steps, detail="decode"))
-                djoules = [
-                    w.joules / c
-                    for w, c in zip(dwindows, counts, strict=True)
-                    if w.joules is not None and c
-                ]
-                decode = DecodeFigures(
-                    tokens=int(statistics.median(counts)) if counts else 0,
-                    tok_s=Spread.of(rates) if rates else Spread.of([0.0]),
-                    power=_merge(dwindows),
-                    joules_per_token=statistics.median(djoules) if djoules else None,
-                )
-                runs.append(
-                    BenchRun(
-                        threads=session.info.threads,
-                        context=session.info.context_length,
-                        load_s=load_s,
-                        prefill=tuple(prefill),
-                        decode=decode,
-                        peak_rss_mb=sampler.peak_rss / 1e6,
-                        rss_before_load_mb=rss_before / 1e6,
-                        device=str(session.info.settings.get("device", "cpu"))
-                        .lower()
-                        .split(".")[0],
-                    )
-                )
-            finally:
-                session.close()
-    mhz_after, temp_after = _thermal()
-    throttled = bool(mhz_before and mhz_after and mhz_after < 0.85 * mhz_before) or bool(
-        temp_after and temp_after >= 95
-    )
-    power_meter.close()
-    used = chosen_variant
+        measure = Measurement(
+            sampler,
+            workload,
+            progress=progress,
+            live=live,
+            stop=stop,
+            total_steps=len(threads) * workload.steps,
+        )
+        runs = [
+            _load_and_measure(measure, bundle, variant, n_threads, context) for n_threads in threads
+        ]
+    after = _thermal()
+    if power_meter is not meter:  # one it chose itself; a meter given stays the caller's
+        power_meter.close()
+    chosen = runs[-1][1] if runs else None
     return BenchResult(
         schema_version=SCHEMA_VERSION,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -374,9 +270,9 @@ def bench(
         host=f"{host.profile.cpu.model}, {host.profile.cpu.physical_cores} cores, "
         f"{platform.system()}",
         bundle=str(Path(bundle).resolve()),
-        variant=used.name if used else "",
-        target=used.target if used else "",
-        quant=used.quant if used else "",
+        variant=chosen.name if chosen else "",
+        target=chosen.target if chosen else "",
+        quant=chosen.quant if chosen else "",
         meter=MeterInfo(
             name=power_meter.name,
             measured=power_meter.measured,
@@ -385,16 +281,208 @@ def bench(
             lost=sampler.lost,
         ),
         includes=INCLUDES,
-        thermal=Thermal(
-            cpu_mhz_before=mhz_before,
-            cpu_mhz_after=mhz_after,
-            temp_c_before=temp_before,
-            temp_c_after=temp_after,
-            power_mode=jetson.power_mode if jetson else None,
-            throttled=throttled,
-        ),
-        runs=tuple(runs),
+        thermal=_thermal_facts(before, after, jetson.power_mode if jetson else None),
+        runs=tuple(run for run, _ in runs),
     )
+
+
+def _load_and_measure(
+    measure: Measurement,
+    bundle: str | Path,
+    variant: str | None,
+    threads: int | None,
+    context: int | None,
+) -> tuple[BenchRun, Variant | None]:
+    """One run: load the variant with ``threads``, measure it, close it; the run and the
+    manifest variant it measured."""
+    settings: dict[str, Any] = {}
+    if threads:
+        settings["threads"] = threads
+    if context:
+        settings["context"] = context
+    with measure.sampler.lock:
+        measure.sampler.peak_rss = 0  # per run: peak above this run's own baseline
+    rss_before = psutil.Process().memory_info().rss
+    t0 = measure.clock()
+    session = edgekit.load(bundle, variant=variant, **settings)
+    try:
+        load_s = measure.clock() - t0
+        measure.emit("load", None)
+        return measure.run(session, load_s=load_s, rss_before=rss_before), session.variant
+    finally:
+        session.close()
+
+
+def _thermal_facts(
+    before: tuple[float | None, float | None],
+    after: tuple[float | None, float | None],
+    power_mode: str | None,
+) -> Thermal:
+    (mhz_before, temp_before), (mhz_after, temp_after) = before, after
+    throttled = bool(mhz_before and mhz_after and mhz_after < 0.85 * mhz_before) or bool(
+        temp_after and temp_after >= 95
+    )
+    return Thermal(
+        cpu_mhz_before=mhz_before,
+        cpu_mhz_after=mhz_after,
+        temp_c_before=temp_before,
+        temp_c_after=temp_after,
+        power_mode=power_mode,
+        throttled=throttled,
+    )
+
+
+class Measurement:
+    """Measures loaded sessions against one power sampler: every figure of a BenchRun.
+
+    Every generation goes through the session's scheduler (a handle from token ids), so
+    a benchmark waits its turn like any other caller. ``clock`` times every figure; it
+    must be the power meter's own (``time.monotonic`` for edgekit's meters), since
+    windows of the sampler are cut by it."""
+
+    def __init__(
+        self,
+        sampler: PowerSampler,
+        workload: Workload,
+        *,
+        clock: Clock = time.monotonic,
+        progress: ProgressCallback = no_progress,
+        live: LiveCallback | None = None,
+        stop: threading.Event | None = None,
+        total_steps: int | None = None,
+    ) -> None:
+        self.sampler = sampler
+        self.workload = workload
+        self.clock = clock
+        self.progress = progress
+        self.live = live
+        self.stop = stop
+        self.total = workload.steps if total_steps is None else total_steps
+        self.done = 0
+        self.started = clock()
+        self._process = psutil.Process()
+
+    def run(self, session: Session, *, load_s: float, rss_before: int | None) -> BenchRun:
+        """Prefill for each prompt length that fits the context, then decode."""
+        all_ids = session.tokenize(bench_text())
+        prefill = tuple(
+            self.prefill(session, all_ids[:length])
+            for length in self.workload.prompt_lengths
+            if length < session.info.context_length
+        )
+        decode = self.decode(session, session.tokenize(DECODE_PROMPT))
+        return BenchRun(
+            threads=session.info.threads,
+            context=session.info.context_length,
+            load_s=load_s,
+            prefill=prefill,
+            decode=decode,
+            peak_rss_mb=self.sampler.peak_rss / 1e6,
+            rss_before_load_mb=rss_before / 1e6 if rss_before is not None else None,
+            device=str(session.info.settings.get("device", "cpu")).lower().split(".")[0],
+        )
+
+    def prefill(self, session: Session, ids: list[int]) -> PrefillFigures:
+        """Time to the first token of ``ids`` from an empty cache, with its power."""
+        ttfts: list[float] = []
+        windows: list[PowerWindow] = []
+        w = self.workload
+        for i in range(w.warmup + w.repeats):
+            self.check_stop()
+            session.clear_cache()
+            self.sampler.sample_now()
+            start = self.clock()
+            with session.start(ids, Sampling(max_tokens=1, temperature=0)) as generation:
+                for _ in generation:
+                    pass
+            end = self.clock()
+            self.sampler.sample_now()
+            ttft = end - start
+            self.emit("prefill", len(ids) / ttft, ttft)
+            if i >= w.warmup:
+                ttfts.append(ttft)
+                windows.append(self.sampler.window(start, end))
+            self.step(f"prefill {len(ids)}")
+        joules = [x.joules for x in windows if x.joules is not None]
+        return PrefillFigures(
+            prompt_tokens=len(ids),
+            ttft_s=Spread.of(ttfts),
+            tok_s=Spread.of([len(ids) / t for t in ttfts]),
+            power=_merge(windows),
+            joules_per_token=statistics.median(joules) / len(ids) if joules else None,
+        )
+
+    def decode(self, session: Session, prompt_ids: list[int]) -> DecodeFigures:
+        """Tokens after the first per second, and joules per token, over the time after
+        the first token (EOS ignored: every repeat generates ``gen_tokens``)."""
+        rates: list[float] = []
+        windows: list[PowerWindow] = []
+        counts: list[int] = []
+        w = self.workload
+        for i in range(w.warmup + w.repeats):
+            self.check_stop()
+            session.clear_cache()
+            stamps = self._decode_once(session, prompt_ids)
+            self.sampler.sample_now()
+            if len(stamps) > 1:  # the whole run's rate, for live charts of fast models
+                self.emit("decode", (len(stamps) - 1) / (stamps[-1] - stamps[0]))
+            if i >= w.warmup and len(stamps) > 1:
+                rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+                counts.append(len(stamps) - 1)
+                windows.append(self.sampler.window(stamps[0], stamps[-1]))
+            self.step("decode")
+        per_token = [
+            x.joules / c for x, c in zip(windows, counts, strict=True) if x.joules is not None and c
+        ]
+        return DecodeFigures(
+            tokens=int(statistics.median(counts)) if counts else 0,
+            tok_s=Spread.of(rates) if rates else Spread.of([0.0]),
+            power=_merge(windows),
+            joules_per_token=statistics.median(per_token) if per_token else None,
+        )
+
+    def _decode_once(self, session: Session, prompt_ids: list[int]) -> list[float]:
+        """One decode: the time of each token (a chunk of n tokens counts n times)."""
+        sampling = Sampling(max_tokens=self.workload.gen_tokens, temperature=0, ignore_eos=True)
+        stamps: list[float] = []
+        last_emit = self.clock()
+        with session.start(prompt_ids, sampling) as generation:
+            for chunk in generation:
+                self.check_stop()
+                if not chunk.tokens:
+                    continue
+                now = self.clock()
+                stamps += [now] * chunk.tokens
+                if self.live is not None and now - last_emit >= LIVE_WINDOW_S:
+                    recent = [s for s in stamps if s >= now - LIVE_WINDOW_S]
+                    if len(recent) > 1:
+                        self.emit("decode", (len(recent) - 1) / (recent[-1] - recent[0]))
+                    last_emit = now
+        return stamps
+
+    def emit(self, phase: str, tok_s: float | None, ttft: float | None = None) -> None:
+        if self.live is None:
+            return
+        samples = self.sampler.samples
+        self.live(
+            LiveSample(
+                t=self.clock() - self.started,
+                phase=phase,
+                tok_s=tok_s,
+                watts=samples[-1][1] if samples else None,
+                watts_measured=self.sampler.meter.measured,
+                rss_mb=self._process.memory_info().rss / 1e6,
+                ttft_s=ttft,
+            )
+        )
+
+    def check_stop(self) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise BenchStoppedError("the benchmark was stopped before it finished")
+
+    def step(self, detail: str) -> None:
+        self.done += 1
+        self.progress(ProgressEvent(stage="bench", done=self.done, total=self.total, detail=detail))
 
 
 def _merge(windows: list[PowerWindow]) -> Power:
@@ -408,76 +496,3 @@ def _merge(windows: list[PowerWindow]) -> Power:
         joules=statistics.median(joules) if joules else None,
         complete=all(w.complete for w in windows) and bool(windows),
     )
-
-
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema of a bench result (docs/bench.schema.json; a test keeps them equal)."""
-    from edgekit.schema import dataclass_json_schema
-
-    return dataclass_json_schema(
-        BenchResult,
-        title="edgekit bench result",
-        schema_id="https://edgekit.dev/schemas/bench-result-1.json",
-        consts={"schema_version": SCHEMA_VERSION},
-    )
-
-
-def load_result(path: str | Path) -> BenchResult:
-    """A saved result, read strictly.
-
-    Raises:
-        SchemaError: not a bench result of a known version.
-    """
-    from edgekit.errors import SchemaError
-    from edgekit.safe_files import read_capped
-    from edgekit.schema import build
-    from edgekit.untrusted import parse_json
-
-    p = Path(path)
-    # A result holds a few hundred numbers: 16 MiB is far above any real one.
-    limit = 16 * 2**20
-    try:
-        raw = read_capped(p, max_bytes=limit, error=SchemaError)
-    except FileNotFoundError as exc:
-        raise SchemaError(f"{p}: no such bench result") from exc
-    data = parse_json(raw, where=str(p), max_bytes=limit, error=SchemaError)
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-        raise SchemaError(f"{p}: not a bench result of schema version {SCHEMA_VERSION}")
-    return build(BenchResult, data, str(p), SchemaError)
-
-
-def measured_figures(result: BenchResult) -> Any:
-    """The result's first run as a manifest ``Figures`` (stored next to the prediction):
-    memory is the peak RSS above the pre-load baseline, prefill the longest prompt's."""
-    from edgekit.manifest import Figures
-
-    run = result.runs[0]
-    longest = max(run.prefill, key=lambda p: p.prompt_tokens, default=None)
-    memory = None
-    if run.rss_before_load_mb is not None:
-        memory = int((run.peak_rss_mb - run.rss_before_load_mb) * 1e6)
-    return Figures(
-        memory_bytes=memory,
-        prefill_tok_s=longest.tok_s.median if longest else None,
-        decode_tok_s=run.decode.tok_s.median,
-        watts=run.decode.power.avg_w,
-        joules_per_token=run.decode.joules_per_token,
-        source=f"edgekit bench, {result.created}, power: {result.meter.name}"
-        + ("" if result.meter.measured else " (estimated)"),
-    )
-
-
-def headline(result: BenchResult) -> dict[str, float | None]:
-    """The figures ``--compare`` sets side by side, from the first run."""
-    run = result.runs[0]
-    figures: dict[str, float | None] = {
-        "load_s": run.load_s,
-        "decode_tok_s": run.decode.tok_s.median,
-        "decode_w": run.decode.power.avg_w,
-        "decode_j_per_token": run.decode.joules_per_token,
-        "peak_rss_mb": run.peak_rss_mb,
-    }
-    for p in run.prefill:
-        figures[f"prefill_{p.prompt_tokens}_tok_s"] = p.tok_s.median
-        figures[f"ttft_{p.prompt_tokens}_s"] = p.ttft_s.median
-    return figures

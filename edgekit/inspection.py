@@ -20,8 +20,6 @@ from edgekit.architectures import (
     GGUF_HINT,
     Dimensions,
     Family,
-    check_gguf_tensors,
-    check_hf_tensors,
     dimensions_from_config,
     dimensions_from_values,
     expected_tensors,
@@ -39,6 +37,7 @@ from edgekit.safetensors_header import (
     read_small,
     safetensors_files,
 )
+from edgekit.tensor_checks import check_gguf_tensors, check_hf_tensors
 from edgekit.untrusted import parse_json
 
 # Checkpoints that can only be read by unpickling.

@@ -8,6 +8,7 @@ as estimates in the profile.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import platform
 import re
@@ -28,12 +29,13 @@ from edgekit.devices import (
     PowerSpec,
 )
 from edgekit.host.cpu import CpuFacts, peak_fp32_gflops, read_cpu
-from edgekit.host.intel import OpenVinoDevice, list_openvino_devices
 from edgekit.host.jetson import JetsonFacts, read_board_model, read_jetson
 from edgekit.host.memory import MemoryFacts, measure_copy_bandwidth, read_memory
 from edgekit.host.nvml import NvidiaGpu, list_nvidia_gpus
 from edgekit.host.sensors import SensorFacts, read_sensors
 from edgekit.targets.availability import TargetStatus, all_target_status
+from edgekit.targets.contract import HostDevice
+from edgekit.targets.registry import all_targets
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,7 +76,8 @@ class HostReport:
     board: str | None
     jetson: JetsonFacts | None
     nvidia_gpus: tuple[NvidiaGpu, ...]
-    openvino_devices: tuple[OpenVinoDevice, ...]
+    # GPUs and NPUs each target's SDK lists here (target name -> devices)
+    target_devices: dict[str, tuple[HostDevice, ...]]
     sensors: tuple[SensorFacts, ...]
     targets: tuple[TargetStatus, ...]
     parts: tuple[ProbePart, ...]
@@ -143,13 +146,7 @@ def probe_host(*, measure: bool = False, root: Path = Path("/")) -> HostReport:
         no_gpus,
         lambda g: ", ".join(x.name for x in g) or "NVML sees no GPU",
     )
-    no_devices: tuple[OpenVinoDevice, ...] = ()
-    ov_devices = parts.run(
-        "openvino-devices",
-        list_openvino_devices,
-        no_devices,
-        lambda d: ", ".join(f"{x.device} ({x.name})" for x in d),
-    )
+    target_devices = _target_devices(parts)
     no_sensors: tuple[SensorFacts, ...] = ()
     sensors = parts.run(
         "sensors",
@@ -164,7 +161,8 @@ def probe_host(*, measure: bool = False, root: Path = Path("/")) -> HostReport:
         no_targets,
         lambda t: ", ".join(x.name for x in t if x.usable) or "no usable target",
     )
-    profile = _host_profile(cpu, mem, bandwidth, jetson, gpus, ov_devices, sensors, targets, root)
+    devices = tuple(d for found in target_devices.values() for d in found)
+    profile = _host_profile(cpu, mem, bandwidth, jetson, gpus, devices, sensors, targets, root)
     return HostReport(
         profile=profile,
         hostname=socket.gethostname(),
@@ -172,11 +170,30 @@ def probe_host(*, measure: bool = False, root: Path = Path("/")) -> HostReport:
         board=board,
         jetson=jetson,
         nvidia_gpus=gpus,
-        openvino_devices=ov_devices,
+        target_devices=target_devices,
         sensors=sensors,
         targets=targets,
         parts=tuple(parts.results),
     )
+
+
+def _target_devices(parts: _Parts) -> dict[str, tuple[HostDevice, ...]]:
+    """Each installed target's own list of GPUs and NPUs (one probe part per target that
+    enumerates devices, named "<target>-devices")."""
+    found: dict[str, tuple[HostDevice, ...]] = {}
+    for target in all_targets():
+        if not all(importlib.util.find_spec(m) for m in target.sdk_modules):
+            continue
+        no_devices: tuple[HostDevice, ...] | None = None
+        devices = parts.run(
+            f"{target.name}-devices",
+            target.host_devices,
+            no_devices,
+            lambda d: ", ".join(f"{x.device} ({x.name})" for x in d or ()) or "none",
+        )
+        if devices is not None:
+            found[target.name] = devices
+    return found
 
 
 def _kind(root: Path, jetson: JetsonFacts | None, sensors: tuple[SensorFacts, ...]) -> DeviceKind:
@@ -201,18 +218,11 @@ def _kind(root: Path, jetson: JetsonFacts | None, sensors: tuple[SensorFacts, ..
     return "desktop"
 
 
-def _host_profile(
-    cpu: CpuFacts,
-    mem: MemoryFacts,
-    bandwidth: float | None,
-    jetson: JetsonFacts | None,
-    gpus: tuple[NvidiaGpu, ...],
-    ov_devices: tuple[OpenVinoDevice, ...],
-    sensors: tuple[SensorFacts, ...],
-    targets: tuple[TargetStatus, ...],
-    root: Path,
-) -> DeviceProfile:
-    arch = platform.machine()
+def _host_accelerators(
+    cpu: CpuFacts, gpus: tuple[NvidiaGpu, ...], sdk_devices: tuple[HostDevice, ...]
+) -> tuple[Accelerator, ...]:
+    """The CPU (its fp32 peak estimated), NVML's GPUs, and the GPUs and NPUs the targets'
+    SDKs list (each unit once)."""
     ghz = cpu.max_ghz or 2.5
     accelerators = [
         Accelerator(
@@ -234,13 +244,28 @@ def _host_profile(
                 runtime_device=f"cuda:{g.index}",
             )
         )
-    for d in ov_devices:
-        if d.device.startswith(("GPU", "NPU")):
-            accelerators.append(
-                Accelerator(
-                    kind="npu" if d.device == "NPU" else "gpu", name=d.name, runtime_device=d.device
-                )
-            )
+    seen = {a.runtime_device for a in accelerators}
+    accelerators += [
+        Accelerator(kind=d.kind, name=d.name, runtime_device=d.device)
+        for d in sdk_devices
+        if d.device not in seen
+    ]
+    return tuple(accelerators)
+
+
+def _host_profile(
+    cpu: CpuFacts,
+    mem: MemoryFacts,
+    bandwidth: float | None,
+    jetson: JetsonFacts | None,
+    gpus: tuple[NvidiaGpu, ...],
+    sdk_devices: tuple[HostDevice, ...],
+    sensors: tuple[SensorFacts, ...],
+    targets: tuple[TargetStatus, ...],
+    root: Path,
+) -> DeviceProfile:
+    arch = platform.machine()
+    accelerators = _host_accelerators(cpu, gpus, sdk_devices)
     watts = cpu.physical_cores * _WATTS_PER_CORE.get(arch, 5.0)
     total_gib = mem.total_bytes / GIB
     apple = platform.system() == "Darwin" and arch == "arm64"
@@ -278,7 +303,7 @@ def _host_profile(
             source="estimated",
             note=f"estimated: {_WATTS_PER_CORE.get(arch, 5.0)} W per physical core at full load",
         ),
-        accelerators=tuple(accelerators),
+        accelerators=accelerators,
         targets=tuple(t.name for t in targets if t.usable),
         sensors=tuple(s.name for s in sensors if s.readable),
         sources=("probe",) + (("measured bandwidth",) if bandwidth else ()),

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgekit.errors import EdgekitError, RequestError
-from edgekit.targets.base import Sampling
+from edgekit.targets.values import Sampling
 
 #: Deeper than any valid request (messages > message > content parts > part is 5).
 MAX_DEPTH = 16

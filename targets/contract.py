@@ -73,6 +73,16 @@ class KvCacheLayout:
     window_extra: int = 0  # positions a windowed layer holds beyond the window
 
 
+@dataclass(frozen=True, kw_only=True)
+class HostDevice:
+    """A compute unit a target's SDK lists on this host beyond the CPU (an Intel GPU or
+    NPU as OpenVINO names it): the probe adds it to the host profile."""
+
+    kind: UnitKind
+    device: str  # how the runtime names it: "GPU.0", "NPU"
+    name: str  # the SDK's full device name
+
+
 class Target(ABC):
     """A runtime family, described by class attributes and loaded by ``load``."""
 
@@ -137,6 +147,16 @@ class Target(ABC):
     def check_host(cls) -> tuple[bool, str]:
         """(usable here, what was found or why not). Imports the SDK: call it from the
         probe or load only, after the SDK modules were found installed."""
+
+    @classmethod
+    def host_devices(cls) -> tuple[HostDevice, ...] | None:
+        """The GPUs and NPUs this target's SDK lists here, or None when the target does
+        not enumerate devices (the probe then asks it nothing). Imports the SDK.
+
+        Raises:
+            Exception: whatever the SDK raises; the probe records it as a failed part.
+        """
+        return None
 
     @classmethod
     def device_settings(cls, device: str) -> dict[str, Any]:

@@ -14,47 +14,35 @@ a prompt from a point before that window, so prompt-prefix reuse starts afresh t
 
 from __future__ import annotations
 
-import json
 import logging
+import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import psutil
+from edgekit.converters.formats import Format
+from edgekit.converters.gguf import FORMAT
+from edgekit.converters.gguf.llamacpp_log import route_llamacpp_logs
 from edgekit.targets import checks
-from edgekit.targets.base import Sampling, Session, SessionInfo, StreamChunk, Target
-from edgekit.targets.catalog import BY_NAME, TargetInfo
-from edgekit.targets.llamacpp_log import route_llamacpp_logs
-from edgekit.targets.text import (
-    NO_TEMPLATE_HINT,
-    StopMatcher,
-    Utf8Stream,
-    render_chat_template,
-)
+from edgekit.targets.contract import Coefficients, KvCacheLayout, Target, UnitSupport
+from edgekit.targets.llamacpp_runtime import open_llama, read_settings
+from edgekit.targets.session import Session
+from edgekit.targets.streams import StopMatcher, Utf8Stream
+from edgekit.targets.templates import NO_TEMPLATE_HINT, render_chat_template
+from edgekit.targets.values import Sampling, SessionInfo, StreamChunk
 
-from edgekit.errors import GenerationError, TargetUnavailableError
-from edgekit.gguf_header import GGUFHeader, read_gguf_header
+from edgekit.errors import GenerationError, ModelNotFoundError, TargetUnavailableError
+from edgekit.gguf_header import read_gguf_header
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from edgekit.devices import Accelerator, DeviceProfile
+    from edgekit.modelspec import ModelSpec
+
 log = logging.getLogger(__name__)
 
-# KV-cache type name -> ggml type id
-KV_TYPES = {
-    "f32": 0,
-    "f16": 1,
-    "q4_0": 2,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "q8_0": 8,
-    "iq4_nl": 20,
-    "bf16": 30,
-}
-DEFAULT_CONTEXT = 4096
-DEFAULT_BATCH = 512
 SETTINGS = (
     "context",
     "threads",
@@ -68,8 +56,114 @@ SETTINGS = (
 )
 
 
+MB = 1 << 20
+# llama.cpp's runtime buffers beyond weights and KV cache on a CPU: 48 MiB of compute
+# buffers and libraries + the output buffer, vocabulary x 4 bytes x 64 rows. Fitted on
+# this project's machine: SmolLM2-135M Q4_1 measured 170.6 / 254.6 / 349.0 MB above the
+# process baseline at contexts 512 / 4096 / 8192, against 171.2 / 254.6 / 349.0 MB.
+RUNTIME_BASE = 48 * MB
+OUTPUT_BUFFER_ROWS = 64
+# The formats planned on either unit, most precise first.
+_PLANNED = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
+_UBATCH = 512  # llama-cpp-python's n_ubatch (edgekit does not set it)
+# device (edgekit.load's device=) -> GPU layers: only "gpu" offloads (all layers)
+_GPU_LAYERS = {"auto": 0, "cpu": 0, "gpu": -1}
+
+
 class LlamaCppTarget(Target):
-    info: ClassVar[TargetInfo] = BY_NAME["llamacpp"]
+    """llama.cpp: GGUF files on any CPU, or on a Metal or CUDA GPU when built so."""
+
+    name: ClassVar[str] = "llamacpp"
+    display_name: ClassVar[str] = "llama.cpp (GGUF)"
+    devices: ClassVar[str] = (
+        "any CPU (x86 AVX2/AVX-512, Arm NEON); Metal, CUDA or Vulkan GPUs when built so"
+    )
+    format: ClassVar[Format] = FORMAT
+    install_hint: ClassVar[str] = "pip install 'edgekit[gguf]'"
+    sdk_modules: ClassVar[tuple[str, ...]] = ("llama_cpp",)
+    distribution: ClassVar[str] = "llama-cpp-python"
+    priority: ClassVar[int] = 0  # the default target: runs everywhere, packs one file
+    load_settings: ClassVar[tuple[str, ...]] = SETTINGS
+    devices_accepted: ClassVar[tuple[str, ...]] = tuple(_GPU_LAYERS)
+    # First estimates; reasoning, in order of the fields:
+    #  CPU: token generation reaches ~50-60% of DRAM bandwidth on desktop and phone CPUs
+    #    (llama.cpp CPU benchmarks, e.g. discussion #4167's CPU rows); ~0.5 ms per token of
+    #    sampling and Python; prefill ~40% of fp32 peak (int8 dot products on quantized
+    #    rows); runtime per model (``priors``); the file is mmapped.
+    #  GPU (Metal, CUDA): M-series Q4_0 7B token generation is ~60-65% of the spec
+    #    bandwidth (discussion #4167: M1 Pro 36 tok/s at 200 GB/s, M3 Max 66 tok/s at
+    #    400 GB/s); CUDA context and compute buffers add ~300 MB.
+    units: ClassVar[tuple[UnitSupport, ...]] = (
+        UnitSupport(
+            kind="cpu",
+            formats=_PLANNED,
+            priors=Coefficients(
+                bandwidth_efficiency=0.55,
+                token_overhead_s=0.0005,
+                compute_efficiency=0.4,
+                runtime_bytes=RUNTIME_BASE,  # + the output buffer: priors()
+                weight_residency=1.0,
+                kv_preallocated=True,
+            ),
+        ),
+        UnitSupport(
+            kind="gpu",
+            formats=_PLANNED,
+            priors=Coefficients(
+                bandwidth_efficiency=0.62,
+                token_overhead_s=0.001,
+                compute_efficiency=0.35,
+                runtime_bytes=300 * MB,
+                weight_residency=1.0,
+                kv_preallocated=True,
+            ),
+        ),
+    )
+    # The gemma3 graph's iSWA cache (llama-kv-cache-iswa.cpp, ``swa_full`` off): windowed
+    # layers hold pad256(min(pad256(ctx), window + n_ubatch)) cells, the others
+    # pad256(ctx); n_ubatch is 512 in llama-cpp-python. Its phi3 graph disables the window
+    # and its llama (Mistral) and qwen2 graphs have none: full cache on every layer.
+    kv_cache: ClassVar[KvCacheLayout] = KvCacheLayout(
+        windowed_families=frozenset({"gemma3"}), pad=256, window_extra=_UBATCH
+    )
+
+    @classmethod
+    def accelerators(cls, profile: DeviceProfile) -> list[Accelerator]:
+        """The GPU when the device has a Metal or CUDA one, else the CPU."""
+        by_kind = {a.kind: a for a in profile.accelerators}
+        gpu = by_kind.get("gpu")
+        if gpu and (gpu.runtime_device or "").startswith(("metal", "cuda")):
+            return [gpu]
+        return [by_kind["cpu"]] if "cpu" in by_kind else []
+
+    @classmethod
+    def priors(cls, kind: str, spec: ModelSpec) -> Coefficients:
+        """On a CPU the output buffer grows with the vocabulary."""
+        c = super().priors(kind, spec)
+        extra = cls.vocab_runtime_bytes(kind, spec)
+        return replace(c, runtime_bytes=c.runtime_bytes + extra) if extra else c
+
+    @classmethod
+    def vocab_runtime_bytes(cls, kind: str, spec: ModelSpec) -> int:
+        return spec.vocab_size * 4 * OUTPUT_BUFFER_ROWS if kind == "cpu" else 0
+
+    @classmethod
+    def check_host(cls) -> tuple[bool, str]:
+        """The CPU features this build switched on, and whether it offloads to a GPU."""
+        import llama_cpp
+
+        info = llama_cpp.llama_print_system_info().decode(errors="replace")
+        # "CPU : SSE3 = 1 | AVX2 = 1 | ..." -> the features switched on in this build
+        features = [m.group(1) for m in re.finditer(r"(\w+) = 1", info)]
+        gpu = bool(llama_cpp.llama_supports_gpu_offload())
+        backends = "CPU" + (" + GPU offload" if gpu else "")
+        return True, f"backends: {backends}; CPU features: {', '.join(features) or 'none'}"
+
+    @classmethod
+    def device_settings(cls, device: str) -> dict[str, Any]:
+        """``gpu`` offloads every layer; ``auto`` and ``cpu`` keep the defaults."""
+        super().device_settings(device)  # refuses a device llama.cpp does not know
+        return {"gpu_layers": _GPU_LAYERS[device]} if device == "gpu" else {}
 
     @classmethod
     def load(cls, model: str | Path, **settings: Any) -> LlamaCppSession:
@@ -89,68 +183,6 @@ class LlamaCppTarget(Target):
         return LlamaCppSession(Path(model), settings)
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Settings:
-    context: int
-    threads: int
-    batch: int
-    kv_cache: str
-    mmap: bool
-    mlock: bool
-    gpu_layers: int
-    seed: int | None
-    logits: bool
-
-
-def _settings(given: dict[str, Any], header: GGUFHeader) -> _Settings:
-    """The checked settings: each given one in its valid range, the rest defaulted.
-
-    Raises:
-        SettingError: a setting of the wrong type or out of range, naming the range.
-    """
-
-    given = {k: v for k, v in given.items() if v is not None}  # None means the default
-    get = given.get
-
-    arch = header.get("general.architecture")
-    trained = header.get(f"{arch}.context_length")
-    model_ctx = trained if isinstance(trained, int) and trained > 0 else DEFAULT_CONTEXT
-    context = (
-        min(model_ctx, DEFAULT_CONTEXT)
-        if get("context") is None
-        else checks.integer(
-            "context", get("context"), low=1, high=model_ctx, note="the model's context length"
-        )
-    )
-    recorded = header.get("edgekit.recipe")
-    try:
-        recipe = json.loads(recorded) if isinstance(recorded, str) else {}
-    except json.JSONDecodeError:
-        recipe = {}
-    kv = get("kv_cache")
-    if kv is None and isinstance(recipe, dict):
-        kv = recipe.get("kv_cache")
-    return _Settings(
-        context=context,
-        threads=psutil.cpu_count(logical=False) or 1
-        if get("threads") is None
-        else checks.integer("threads", get("threads"), low=1, high=checks.max_threads()),
-        batch=min(DEFAULT_BATCH, context)
-        if get("batch") is None
-        else checks.integer("batch", get("batch"), low=1, high=context, note="up to the context"),
-        kv_cache=checks.choice("kv_cache", "f16" if kv is None else kv, tuple(KV_TYPES)),
-        mmap=checks.flag("mmap", given.get("mmap", True)),
-        mlock=checks.flag("mlock", given.get("mlock", False)),
-        gpu_layers=checks.integer(
-            "gpu_layers", given.get("gpu_layers", 0), low=-1, note="-1: all layers"
-        ),
-        seed=None
-        if get("seed") is None
-        else checks.integer("seed", get("seed"), low=0, high=checks.MAX_SEED),
-        logits=checks.flag("logits", given.get("logits", False)),
-    )
-
-
 class LlamaCppSession(Session):
     def __init__(self, path: Path, given: dict[str, Any]) -> None:
         super().__init__()
@@ -160,8 +192,12 @@ class LlamaCppSession(Session):
             raise TargetUnavailableError(
                 "llama-cpp-python is not installed", hint="pip install 'edgekit[gguf]'"
             ) from exc
+        if not path.is_file():
+            raise ModelNotFoundError(
+                f"{path}: no such GGUF file", hint="pass the path of a .gguf model file"
+            )
         header = read_gguf_header(path)  # raises ModelFormatError with the reason
-        settings = _settings(given, header)
+        settings = read_settings(given, header)
         if settings.gpu_layers and not llama_cpp.llama_supports_gpu_offload():
             raise GenerationError(
                 "gpu_layers was asked for, but this llama.cpp build has no GPU backend",
@@ -169,30 +205,7 @@ class LlamaCppSession(Session):
             )
         kv = settings.kv_cache
         route_llamacpp_logs()
-        try:
-            self._llm = llama_cpp.Llama(
-                model_path=str(path),
-                n_ctx=settings.context,
-                n_threads=settings.threads,
-                n_threads_batch=settings.threads,
-                n_batch=settings.batch,
-                type_k=KV_TYPES[kv],
-                type_v=KV_TYPES[kv],
-                # llama.cpp stores a quantized V cache only with flash attention.
-                flash_attn=kv not in ("f16", "f32", "bf16"),
-                use_mmap=settings.mmap,
-                use_mlock=settings.mlock,
-                n_gpu_layers=settings.gpu_layers,
-                # Sliding-window layers keep their window only, not the whole context.
-                swa_full=False,
-                seed=llama_cpp.LLAMA_DEFAULT_SEED if settings.seed is None else settings.seed,
-                logits_all=settings.logits,
-                verbose=False,
-            )
-        except (ValueError, RuntimeError, MemoryError) as exc:
-            raise GenerationError(
-                f"llama.cpp could not load {path}: {exc}", hint="run with -v to see llama.cpp's log"
-            ) from exc
+        self._llm = open_llama(path, settings)
         self._llama_cpp = llama_cpp
         # No seed asked for: llama.cpp's "random" seed, drawn afresh for every generation.
         self._load_seed = llama_cpp.LLAMA_DEFAULT_SEED if settings.seed is None else settings.seed
@@ -205,7 +218,7 @@ class LlamaCppSession(Session):
         self._controls: tuple[str, ...] | None = None
         vocab = self._llm._model.vocab
         self.info = SessionInfo(
-            target=LlamaCppTarget.info.name,
+            target=LlamaCppTarget.name,
             model_path=str(path),
             context_length=settings.context,
             threads=settings.threads,
@@ -294,9 +307,10 @@ class LlamaCppSession(Session):
             repeat_penalty=sampling.repeat_penalty,
         )
         count = 0
+        cancel = self._cancel  # this generation's token
         try:
             for token in generator:
-                if self._cancel.is_set():
+                if cancel.is_set():
                     yield StreamChunk(
                         text=stops.flush() + utf8.flush(), tokens=0, finish_reason="cancelled"
                     )
@@ -369,15 +383,13 @@ class LlamaCppSession(Session):
             raise GenerationError(
                 "logits of every position were not kept", hint="load with logits=True"
             )
-        with self._lock:
-            self._llm.reset()  # type: ignore[no-untyped-call]
-            self._llm.eval(list(tokens))
-            return np.array(self._llm.scores[: len(tokens)], dtype=np.float32)
+        self._llm.reset()  # type: ignore[no-untyped-call]
+        self._llm.eval(list(tokens))
+        return np.array(self._llm.scores[: len(tokens)], dtype=np.float32)
 
     def clear_cache(self) -> None:
-        with self._lock:
-            self._check_open()
-            self._llm.reset()  # type: ignore[no-untyped-call]
+        self._check_open()
+        self._llm.reset()  # type: ignore[no-untyped-call]
 
     # --- lifetime -------------------------------------------------------------------------
 

@@ -17,32 +17,39 @@ thread count of 100000 and runs a token id past its vocabulary without a word.
 
 from __future__ import annotations
 
-import queue
-import secrets
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import psutil
+from edgekit.converters.formats import Format
+from edgekit.converters.openvino import FORMAT
 from edgekit.targets import checks
-from edgekit.targets.base import Sampling, Session, SessionInfo, StreamChunk, Target
-from edgekit.targets.catalog import BY_NAME, TargetInfo
-from edgekit.targets.text import NO_TEMPLATE_HINT, StopMatcher, render_chat_template
+from edgekit.targets.contract import Coefficients, HostDevice, Target, UnitKind, UnitSupport
+from edgekit.targets.openvino_runtime import (
+    PipelineRun,
+    configure,
+    logits_feed,
+    read_json,
+    read_settings,
+    special_token_texts,
+    token_text,
+    tokenized_inputs,
+    vocab_size,
+)
+from edgekit.targets.runtime_calls import backend_errors
+from edgekit.targets.session import Session
+from edgekit.targets.templates import NO_TEMPLATE_HINT, render_chat_template
+from edgekit.targets.values import Sampling, SessionInfo, StreamChunk
 
 from edgekit.errors import GenerationError, ModelFormatError, SettingError, TargetUnavailableError
-from edgekit.untrusted import parse_json
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from edgekit.devices import Accelerator, DeviceProfile
+
 DEVICE_ORDER = ("NPU", "GPU", "CPU")
-DEFAULT_CONTEXT = 4096
-NPU_MAX_PROMPT = 1024
-NPU_MIN_RESPONSE = 128
-PRECISIONS = ("f32", "f16", "bf16")
-KV_PRECISIONS = ("f32", "f16", "bf16", "u8", "u4", "u3")
-KV_ALIASES = {"q8_0": "u8", "q4_0": "u4"}  # the GGUF names edgekit recipes use
 SETTINGS = (
     "device",
     "inference_precision",
@@ -53,11 +60,117 @@ SETTINGS = (
     "min_response_len",
     "logits",
 )
-_JSON_BYTES = 64 << 20  # tokenizer.json of a 256k vocabulary is about 35 MB
+
+
+MB = 1 << 20
+# Instruction sets on which the CPU plugin infers in bf16 (at twice the fp32 rate)
+_BF16_ISA = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 class OpenVinoTarget(Target):
-    info: ClassVar[TargetInfo] = BY_NAME["openvino"]
+    """OpenVINO IR folders on Intel CPUs, GPUs and NPUs (openvino-genai's LLMPipeline)."""
+
+    name: ClassVar[str] = "openvino"
+    display_name: ClassVar[str] = "Intel OpenVINO"
+    devices: ClassVar[str] = "Intel CPUs, integrated and Arc GPUs, Core Ultra NPUs"
+    format: ClassVar[Format] = FORMAT
+    install_hint: ClassVar[str] = "pip install 'edgekit[openvino]'"
+    sdk_modules: ClassVar[tuple[str, ...]] = ("openvino", "openvino_genai")
+    distribution: ClassVar[str] = "openvino"
+    priority: ClassVar[int] = 10
+    load_settings: ClassVar[tuple[str, ...]] = SETTINGS
+    devices_accepted: ClassVar[tuple[str, ...]] = ("auto", *DEVICE_ORDER)
+    # First estimates; reasoning, in order of the fields:
+    #  CPU: measured on this project's machine (SmolLM2 INT4/INT8): decode like llama.cpp;
+    #    resident memory grows ~1.8 bytes per weight byte (the CPU plugin keeps its own
+    #    copy of most weights beside the mapped file), ~180 MB of plugin and compiled-model
+    #    buffers; the KV cache grows with the tokens used.
+    #  GPU, NPU: no measurement here; bandwidth efficiencies from public token-generation
+    #    figures, lower for NPUs whose LLM pipelines are younger; round runtime buffers.
+    units: ClassVar[tuple[UnitSupport, ...]] = (
+        UnitSupport(
+            kind="cpu",
+            formats=("F16", "INT8", "INT4"),
+            priors=Coefficients(
+                bandwidth_efficiency=0.55,
+                token_overhead_s=0.0005,
+                compute_efficiency=0.5,
+                runtime_bytes=180 * MB,
+                weight_residency=1.8,
+                kv_preallocated=False,
+                # measured here: peak RSS grows 71 KB per context token for SmolLM2 INT4
+                # (prompts of 128-1024 tokens) where its f16 KV cache is 23 KB per token
+                kv_scale=3.0,
+            ),
+        ),
+        UnitSupport(
+            kind="gpu",
+            formats=("F16", "INT8", "INT4"),
+            priors=Coefficients(
+                bandwidth_efficiency=0.5,
+                token_overhead_s=0.002,
+                compute_efficiency=0.3,
+                runtime_bytes=400 * MB,
+                weight_residency=1.0,
+                kv_preallocated=False,
+            ),
+        ),
+        UnitSupport(
+            kind="npu",
+            # NPUs run symmetric channel-wise INT4 (openvino-genai NPU guide)
+            formats=("F16", "INT8", "INT4_SYM"),
+            priors=Coefficients(
+                bandwidth_efficiency=0.4,
+                token_overhead_s=0.003,
+                compute_efficiency=0.2,
+                runtime_bytes=300 * MB,
+                weight_residency=1.0,
+                kv_preallocated=True,  # static shapes: the KV cache is sized at compile time
+            ),
+        ),
+    )
+
+    @classmethod
+    def accelerators(cls, profile: DeviceProfile) -> list[Accelerator]:
+        """Each of the device's units OpenVINO names CPU, GPU or NPU."""
+        return [a for a in profile.accelerators if a.runtime_device in DEVICE_ORDER]
+
+    @classmethod
+    def compute_precision(
+        cls, profile: DeviceProfile, accelerator: Accelerator, fp32_tflops: float | None
+    ) -> tuple[str, float | None] | None:
+        """bf16 at twice the fp32 rate on CPUs with AVX512_BF16 or AMX: the CPU plugin
+        infers in bf16 there."""
+        if accelerator.kind == "cpu" and fp32_tflops and _BF16_ISA & set(profile.cpu.isa):
+            return "bf16", fp32_tflops * 2
+        return None
+
+    @classmethod
+    def check_host(cls) -> tuple[bool, str]:
+        """The devices OpenVINO lists here (usable when it lists one)."""
+        devices = available_devices()
+        return bool(devices), f"devices: {', '.join(devices)}" if devices else "no OpenVINO device"
+
+    @classmethod
+    def host_devices(cls) -> tuple[HostDevice, ...]:
+        """The GPUs and NPUs OpenVINO lists here, with their full names."""
+        import openvino as ov
+
+        core = ov.Core()
+        found = []
+        for device in core.available_devices:
+            kind = device.split(".")[0]
+            if kind in ("GPU", "NPU"):
+                name = str(core.get_property(device, "FULL_DEVICE_NAME"))
+                unit: UnitKind = "npu" if kind == "NPU" else "gpu"
+                found.append(HostDevice(kind=unit, device=device, name=name))
+        return tuple(found)
+
+    @classmethod
+    def device_settings(cls, device: str) -> dict[str, Any]:
+        """The device goes to the session as it is: it accepts auto, CPU, GPU, NPU in any
+        case and one of several (GPU.1), and refuses any other with a SettingError."""
+        return {"device": device}
 
     @classmethod
     def load(cls, model: str | Path, **settings: Any) -> OpenVinoSession:
@@ -147,102 +260,65 @@ class OpenVinoSession(Session):
                     f"{folder}: no {needed}, so this is not an OpenVINO export edgekit can run",
                     hint="export it with: edgekit convert MODEL --to openvino -o DIR",
                 )
-        saved = _read_json(folder / "edgekit.json")
-        config = _read_json(folder / "config.json")
-        self._device = pick_device(device, available_devices())
-        kind = self._device.split(".")[0]
-        # The precision chosen at conversion (the fastest that matched f32, recorded in
-        # edgekit.json) applies on CPU; GPUs and NPUs run f16.
-        if inference_precision is None:
-            inference_precision = (
-                saved.get("inference_precision", "f32") if kind == "CPU" else "f16"
-            )
-        precision = checks.choice("inference_precision", inference_precision, PRECISIONS)
-        if kv_cache is None:
-            kv_cache = saved.get("kv_cache_precision") or "f16"
-        kv = checks.choice(
-            "kv_cache",
-            KV_ALIASES.get(kv_cache, kv_cache) if isinstance(kv_cache, str) else kv_cache,
-            KV_PRECISIONS,
-        )
-        trained = config.get("max_position_embeddings")
-        model_ctx = trained if isinstance(trained, int) and trained > 0 else DEFAULT_CONTEXT
-        n_ctx = (
-            min(model_ctx, DEFAULT_CONTEXT)
-            if context is None
-            else checks.integer(
-                "context", context, low=1, high=model_ctx, note="the model's context length"
-            )
-        )
-        n_threads = (
-            psutil.cpu_count(logical=False) or 1
-            if threads is None
-            else checks.integer("threads", threads, low=1, high=checks.max_threads())
-        )
-        max_prompt_len = (
-            min(NPU_MAX_PROMPT, n_ctx)
-            if max_prompt_len is None
-            else checks.integer(
-                "max_prompt_len", max_prompt_len, low=1, high=n_ctx, note="up to the context"
-            )
-        )
-        min_response_len = (
-            min(NPU_MIN_RESPONSE, n_ctx)
-            if min_response_len is None
-            else checks.integer(
-                "min_response_len", min_response_len, low=1, high=n_ctx, note="up to the context"
-            )
+        settings = read_settings(
+            pick_device(device, available_devices()),
+            folder,
+            inference_precision=inference_precision,
+            kv_cache=kv_cache,
+            threads=threads,
+            context=context,
+            max_prompt_len=max_prompt_len,
+            min_response_len=min_response_len,
         )
         checks.flag("logits", logits)
-        properties: dict[str, Any] = {
-            "INFERENCE_PRECISION_HINT": precision,
-            "KV_CACHE_PRECISION": kv,
-        }
-        if kind == "CPU":
-            properties["INFERENCE_NUM_THREADS"] = n_threads
-        if kind == "NPU":
-            properties.update(MAX_PROMPT_LEN=max_prompt_len, MIN_RESPONSE_LEN=min_response_len)
-        self._max_prompt = max_prompt_len if kind == "NPU" else None
-        try:
-            self._pipe = openvino_genai.LLMPipeline(str(folder), self._device, **properties)
-        except RuntimeError as exc:
-            raise GenerationError(
-                f"OpenVINO could not load {folder} on {self._device}: {exc}"
-            ) from exc
+        self._device = settings.device
+        self._max_prompt = settings.max_prompt_len if settings.kind == "NPU" else None
+        with backend_errors("OpenVINO", f"loading {folder} on {self._device}"):
+            self._pipe = openvino_genai.LLMPipeline(
+                str(folder), self._device, **settings.properties()
+            )
         self._genai = openvino_genai
         self._tokenizer = self._pipe.get_tokenizer()
         self._folder = folder
-        tok_config = _read_json(folder / "tokenizer_config.json")
+        self._read_tokenizer_files(folder)
+        self._context = settings.context
+        self._compiled: Any = None
+        self._worker: threading.Thread | None = None  # the last generation's pipeline thread
+        self._closed = False
+        self.info = SessionInfo(
+            target=OpenVinoTarget.name,
+            model_path=str(folder),
+            context_length=settings.context,
+            threads=int(settings.properties().get("INFERENCE_NUM_THREADS", 0)),
+            kv_cache=settings.kv_cache,
+            settings={
+                "device": self._device,
+                "inference_precision": settings.precision,
+                **(
+                    {
+                        "max_prompt_len": settings.max_prompt_len,
+                        "min_response_len": settings.min_response_len,
+                    }
+                    if settings.kind == "NPU"
+                    else {}
+                ),
+            },
+            vocab_size=vocab_size(read_json(folder / "config.json"), self._tokenizer),
+        )
+
+    def _read_tokenizer_files(self, folder: Path) -> None:
+        """The chat template and BOS/EOS texts of the Hugging Face tokenizer files."""
+        tok_config = read_json(folder / "tokenizer_config.json")
         template_file = folder / "chat_template.jinja"
         self._template = (
             template_file.read_text(encoding="utf-8")
             if template_file.is_file()
             else tok_config.get("chat_template")
         )
-        self._bos = _token_text(tok_config.get("bos_token"))
-        self._eos = _token_text(tok_config.get("eos_token"))
+        self._bos = token_text(tok_config.get("bos_token"))
+        self._eos = token_text(tok_config.get("eos_token"))
         self._tok_config = tok_config
         self._controls: tuple[str, ...] | None = None
-        self._context = n_ctx
-        self._compiled: Any = None
-        self._closed = False
-        self.info = SessionInfo(
-            target=OpenVinoTarget.info.name,
-            model_path=str(folder),
-            context_length=n_ctx,
-            threads=int(properties.get("INFERENCE_NUM_THREADS", 0)),
-            kv_cache=kv,
-            settings={
-                "device": self._device,
-                "inference_precision": precision,
-                **(
-                    {"max_prompt_len": max_prompt_len, "min_response_len": min_response_len}
-                    if kind == "NPU"
-                    else {}
-                ),
-            },
-            vocab_size=_vocab_size(config, self._tokenizer),
-        )
 
     # --- tokens -------------------------------------------------------------------------
 
@@ -256,36 +332,17 @@ class OpenVinoSession(Session):
         return str(self._tokenizer.decode(list(tokens)))
 
     def _control_texts(self) -> tuple[str, ...]:
-        """The special tokens of the Hugging Face tokenizer the IR was made from (its
-        tokenizer.json and tokenizer_config.json), and BOS, EOS and PAD (read once).
-        OpenVINO's tokenizer has no switch to leave them unparsed, so message text that
-        holds one is encoded in pieces (Session._text_tokens)."""
+        """The special tokens of the Hugging Face tokenizer the IR was made from, and BOS,
+        EOS and PAD (read once). OpenVINO's tokenizer has no switch to leave them
+        unparsed, so message text that holds one is encoded in pieces
+        (Session._text_tokens)."""
         if self._controls is None:
             self._check_open()
             texts = {
                 self._tokenizer.get_bos_token(),
                 self._tokenizer.get_eos_token(),
                 self._tokenizer.get_pad_token(),
-            }
-            tokenizer_json = self._folder / "tokenizer.json"
-            added: list[Any] = []
-            if tokenizer_json.is_file():
-                data = parse_json(
-                    tokenizer_json.read_bytes(),
-                    where=str(tokenizer_json),
-                    max_bytes=_JSON_BYTES,
-                    max_depth=None,
-                    error=ModelFormatError,
-                )
-                found = data.get("added_tokens") if isinstance(data, dict) else None
-                added += found if isinstance(found, list) else []
-            decoder = self._tok_config.get("added_tokens_decoder")
-            added += list(decoder.values()) if isinstance(decoder, dict) else []
-            texts |= {
-                t["content"]
-                for t in added
-                if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str)
-            }
+            } | special_token_texts(self._folder, self._tok_config)
             self._controls = tuple(sorted(t for t in texts if isinstance(t, str) and t))
         return self._controls
 
@@ -294,9 +351,6 @@ class OpenVinoSession(Session):
     def stream_tokens(
         self, prompt_tokens: Sequence[int], sampling: Sampling
     ) -> Iterator[StreamChunk]:
-        import numpy as np
-        import openvino as ov
-
         self._check_open()
         if self._max_prompt is not None and len(prompt_tokens) > self._max_prompt:
             raise GenerationError(
@@ -309,101 +363,22 @@ class OpenVinoSession(Session):
                 f"the prompt has {len(prompt_tokens)} tokens; the context holds {self._context}",
                 hint="shorten the prompt or load with a larger context",
             )
-        config = self._pipe.get_generation_config()
-        config.max_new_tokens = min(sampling.max_tokens, self._context - len(prompt_tokens))
-        config.do_sample = sampling.temperature > 0
-        if config.do_sample:
-            config.temperature = sampling.temperature
-            config.top_p = sampling.top_p
-            if sampling.top_k:  # 0 is "off": OpenVINO's default, every token
-                config.top_k = sampling.top_k
-            config.min_p = sampling.min_p
-        config.repetition_penalty = sampling.repeat_penalty
-        config.ignore_eos = sampling.ignore_eos
-        # Set on every call: no call's seed stays behind, and unseeded calls differ.
-        config.rng_seed = (
-            secrets.randbelow(checks.MAX_SEED + 1) if sampling.seed is None else sampling.seed
+        self._await_worker()  # an abandoned generation stops at its next token
+        pipe = self._pipe
+        config = configure(
+            pipe.get_generation_config(), sampling, self._context - len(prompt_tokens)
         )
-        ids = np.asarray([list(prompt_tokens)], dtype=np.int64)
-        inputs = self._genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        inputs = tokenized_inputs(self._genai, prompt_tokens)
+        run = PipelineRun(self._genai, self._tokenizer, sampling.stop, self._cancel)
+        self._worker = run.start(lambda streamer: pipe.generate(inputs, config, streamer))
+        yield from run.chunks(config.max_new_tokens)
 
-        events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        abandoned = threading.Event()  # the consumer closed or dropped the stream
-        stops = StopMatcher(sampling.stop)
-        session = self
-
-        class Streamer(self._genai.StreamerBase):  # type: ignore[name-defined,misc]
-            """Counts tokens and hands them to openvino-genai's own incremental detokenizer
-            (TextStreamer, in C++), whose text goes through the stop-string matcher."""
-
-            def __init__(self) -> None:
-                super().__init__()
-                self.stopped = False
-                self.inner = session._genai.TextStreamer(session._tokenizer, self.on_text)
-
-            def on_text(self, text: str) -> Any:
-                if self.stopped:  # text flushed after a stop string: not part of the reply
-                    return session._genai.StreamingStatus.STOP
-                out, hit = stops.feed(text)
-                if out:
-                    events.put(("text", out))
-                if hit:
-                    self.stopped = True
-                    return session._genai.StreamingStatus.STOP
-                return session._genai.StreamingStatus.RUNNING
-
-            def write(self, token: Any) -> Any:
-                new = list(token) if isinstance(token, list | tuple) else [int(token)]
-                events.put(("tokens", len(new)))
-                status = self.inner.write(token)
-                if self.stopped or abandoned.is_set():
-                    return session._genai.StreamingStatus.STOP
-                if session._cancel.is_set():
-                    return session._genai.StreamingStatus.CANCEL
-                return status
-
-            def end(self) -> None:
-                self.inner.end()
-
-        streamer = Streamer()
-
-        def run() -> None:
-            try:
-                self._pipe.generate(inputs, config, streamer)
-                events.put(("done", None))
-            except Exception as exc:  # delivered to the consumer's thread
-                events.put(("error", exc))
-
-        worker = threading.Thread(target=run, name="edgekit-openvino", daemon=True)
-        worker.start()
-        count = 0
-        held = 0  # tokens whose text has not come out of the detokenizer yet
-        try:
-            while True:
-                kind, payload = events.get()
-                if kind == "error":
-                    raise GenerationError(f"OpenVINO generation failed: {payload}") from payload
-                if kind == "done":
-                    break
-                if kind == "tokens":
-                    count += payload
-                    held += payload
-                else:
-                    yield StreamChunk(text=payload, tokens=held)
-                    held = 0
-        finally:
-            abandoned.set()  # a closed stream stops the runtime at its next token
+    def _await_worker(self) -> None:
+        """Wait for the last generation's pipeline thread: a stream closed early told it
+        to stop at its next token, and did not wait for it."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
             worker.join()
-        tail = stops.flush() if not streamer.stopped else ""
-        # Tokens still held at the end (an end-of-sequence token, a stop string) are
-        # reported with the final chunk so the counts add up.
-        if self._cancel.is_set():
-            reason = "cancelled"
-        elif streamer.stopped or count < config.max_new_tokens:
-            reason = "stop"
-        else:
-            reason = "length"
-        yield StreamChunk(text=tail, tokens=held, finish_reason=reason)  # type: ignore[arg-type]
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         self._check_open()
@@ -420,43 +395,30 @@ class OpenVinoSession(Session):
         import openvino as ov
 
         self._check_open()
-        with self._lock:
-            if self._compiled is None:
-                core = ov.Core()
-                model = core.read_model(self._folder / "openvino_model.xml")
-                self._compiled = core.compile_model(
-                    model,
-                    self._device,
-                    {"INFERENCE_PRECISION_HINT": self.info.settings["inference_precision"]},
-                )
-            request = self._compiled.create_infer_request()
-            request.reset_state()
-            ids = np.asarray([list(tokens)], dtype=np.int64)
-            names = {i.get_any_name() for i in self._compiled.inputs}
-            feed: dict[str, Any] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-            if "position_ids" in names:
-                feed["position_ids"] = np.arange(ids.shape[1], dtype=np.int64)[None, :]
-            if "beam_idx" in names:
-                feed["beam_idx"] = np.zeros(1, dtype=np.int32)
-            result = request.infer(feed)
-            return np.asarray(result[self._compiled.output(0)][0], dtype=np.float32)
+        if self._compiled is None:
+            core = ov.Core()
+            model = core.read_model(self._folder / "openvino_model.xml")
+            self._compiled = core.compile_model(
+                model,
+                self._device,
+                {"INFERENCE_PRECISION_HINT": self.info.settings["inference_precision"]},
+            )
+        request = self._compiled.create_infer_request()
+        request.reset_state()
+        names = {i.get_any_name() for i in self._compiled.inputs}
+        result = request.infer(logits_feed(tokens, names))
+        return np.asarray(result[self._compiled.output(0)][0], dtype=np.float32)
 
     def clear_cache(self) -> None:
         """openvino-genai keeps the KV cache of the last generate() and reuses it when the
         next prompt starts the same way (a repeated prompt is 'prefilled' in ~10 ms). It
         has no call to drop it, so a one-token generation replaces the cached prefix: the
         next prompt then shares at most one token with the cache."""
-        import numpy as np
-        import openvino as ov
-
-        with self._lock:
-            self._check_open()
-            ids = np.zeros((1, 1), dtype=np.int64)
-            config = self._pipe.get_generation_config()
-            config.max_new_tokens, config.do_sample = 1, False
-            self._pipe.generate(
-                self._genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config
-            )
+        self._check_open()
+        self._await_worker()
+        config = self._pipe.get_generation_config()
+        config.max_new_tokens, config.do_sample = 1, False
+        self._pipe.generate(tokenized_inputs(self._genai, [0]), config)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -464,30 +426,7 @@ class OpenVinoSession(Session):
 
     def _close(self) -> None:
         if not self._closed:
+            self._await_worker()
             del self._pipe
             self._compiled = None
             self._closed = True
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from the model folder (untrusted: size, depth and keys checked)."""
-    if not path.is_file():
-        return {}
-    data = parse_json(
-        path.read_bytes(), where=str(path), max_bytes=_JSON_BYTES, error=ModelFormatError
-    )
-    return data if isinstance(data, dict) else {}
-
-
-def _vocab_size(config: dict[str, Any], tokenizer: Any) -> int:
-    """Token ids are 0 to this minus one: the model's embedding rows, else the tokenizer's."""
-    size = config.get("vocab_size")
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        return size
-    return len(tokenizer.get_vocab())
-
-
-def _token_text(value: Any) -> str:
-    if isinstance(value, dict):  # older tokenizer configs store AddedToken dicts
-        return str(value.get("content", ""))
-    return value if isinstance(value, str) else ""

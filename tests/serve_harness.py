@@ -1,6 +1,6 @@
 """What the server tests share: a live uvicorn server on loopback, a fake Session, raw sockets.
 
-The fake Session is a real ``edgekit.targets.base.Session`` (the layer below the server)
+The fake Session is a real ``edgekit.targets.session.Session`` (the layer below the server)
 whose runtime is a few lines: token ids are the prompt's UTF-8 bytes after a BOS id, a
 generation yields one word a token (optionally slowly, so a test can disconnect or queue
 behind it), honours ``cancel()`` like the llama.cpp session, refuses a prompt that does not
@@ -17,8 +17,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit.targets.base import Sampling, Session, SessionInfo, StreamChunk
-from edgekit.targets.text import render_chat_template
+from edgekit.targets.session import Session
+from edgekit.targets.templates import render_chat_template
+from edgekit.targets.values import Sampling, SessionInfo, StreamChunk
 
 from edgekit.errors import GenerationError
 
@@ -80,6 +81,11 @@ class FakeSession(Session):
             threads=1,
             kv_cache="f16",
         )
+
+    @property
+    def waiting(self) -> int:
+        """Generations queued behind the running one (in the session's scheduler)."""
+        return self._scheduler.waiting()
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         data = list(text.encode("utf-8"))  # a lone surrogate fails here, as in llama.cpp
@@ -159,7 +165,8 @@ class LiveServer:
     def __init__(self, session: Any, *, model_name: str = "smollm2", **overrides: Any) -> None:
         import uvicorn
 
-        from edgekit.serve import ServeConfig, create_app
+        from edgekit.serve import create_app
+        from edgekit.serve_config import ServeConfig
 
         overrides.setdefault("api_key", KEY)
         self.config = ServeConfig(model_name=model_name, port=free_port(), **overrides)

@@ -30,7 +30,7 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner, Result
-from edgekit.targets.base import StreamChunk
+from edgekit.targets.values import StreamChunk
 
 from edgekit.cli import main
 from tests.builders import gguf_bytes, tiny_gguf_metadata, tiny_gguf_tensors
@@ -148,7 +148,7 @@ def profile_named(folder: Path, name: str) -> Path:
 def bundle_named(folder: Path, name: str, *, chat_template: str | None = "{{ x }}") -> Path:
     """A real bundle folder (one GGUF variant, true sizes and checksums) whose bundle,
     model and variant names are ``name``."""
-    from edgekit.bundle import sha256_file
+    from edgekit.bundle_open import sha256_file
     from edgekit.manifest import (
         MANIFEST_NAME,
         SCHEMA_VERSION,
@@ -238,7 +238,7 @@ class FakeSession:
     """Streams ``HOSTILE_REPLY``; its bundle is a real opened bundle."""
 
     def __init__(self, bundle: Path, variant: str) -> None:
-        from edgekit.bundle import open_bundle
+        from edgekit.bundle_open import open_bundle
 
         self.bundle = open_bundle(bundle)
         self.variant = _Variant(variant)

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from edgekit.targets.base import Sampling, Session, StreamChunk
+from edgekit.targets.session import Session
+from edgekit.targets.values import Sampling, StreamChunk
 
 from edgekit.errors import EdgekitError, GenerationError, SettingError
 from tests.conftest import require
@@ -309,7 +310,7 @@ def _run_row(models: Models, kind: str, target: str, row: str) -> dict[str, Any]
         session = models.session(target)
         return _outcome(lambda: call.call(session))
     if kind == "template":
-        from edgekit.targets.text import render_chat_template
+        from edgekit.targets.templates import render_chat_template
 
         tcase = next(c for c in SANDBOX if c.id == row)
         return _outcome(
@@ -599,6 +600,96 @@ def test_an_abandoned_stream_releases_the_session(models: Models, target: str) -
 
 
 @pytest.mark.parametrize("target", BOTH)
+def test_a_cancelled_queued_handle_leaves_the_queue_and_never_starts(
+    models: Models, target: str
+) -> None:
+    """Cancel is per generation: a queued handle cancelled from another thread leaves the
+    queue without running, and the generation running meanwhile is not touched."""
+    s = models.session(target)
+    expected = s.generate("Once upon a time", max_tokens=8, temperature=0).text
+    running = s.start("Once upon a time", max_tokens=8, temperature=0)
+    first = next(running)  # it holds the session
+    queued = s.start("Hi", max_tokens=4, temperature=0)
+    out: list[list[StreamChunk]] = []
+    waiter = threading.Thread(target=lambda: out.append(list(queued)))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while queued.state != "queued" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert queued.state == "queued"
+    queued.cancel()
+    waiter.join(30)
+    assert out == [[StreamChunk(text="", tokens=0, finish_reason="cancelled")]]
+    assert not queued.started and queued.result().finish_reason == "cancelled"
+    rest = list(running)
+    assert first.text + "".join(c.text for c in rest) == expected
+    assert rest[-1].finish_reason != "cancelled"
+
+
+@pytest.mark.parametrize("target", BOTH)
+def test_a_handle_closed_from_another_thread_returns_at_once(
+    models: Models, target: str
+) -> None:
+    """close() from another thread while a reader is inside the runtime returns at once;
+    the reader's stream ends at its next token, and the session serves the next call."""
+    s = models.session(target)
+    expected = s.generate("Hi", max_tokens=4, temperature=0).text
+    handle = s.start("Once upon a time", max_tokens=400, temperature=0, ignore_eos=True)
+    got: list[StreamChunk] = []
+    reader = threading.Thread(target=lambda: got.extend(handle))
+    reader.start()
+    deadline = time.monotonic() + 30
+    while len(got) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    start = time.perf_counter()
+    handle.close()
+    assert time.perf_counter() - start < 0.5
+    reader.join(30)
+    assert not reader.is_alive() and handle.state == "closed"
+    assert sum(c.tokens for c in got) < 400
+    assert s.generate("Hi", max_tokens=4, temperature=0).text == expected
+
+
+def test_closing_an_openvino_stream_does_not_wait_for_its_pipeline(models: Models) -> None:
+    """The pipeline's thread is told to stop and not waited for: a stream closed while the
+    pipeline is in the middle of a slow token returns at once (before the fix it joined
+    the thread: here 3 s). The next generation waits for that thread, then runs."""
+    require("openvino_genai", "the target runs openvino-genai")
+    s = models.load(OV, context=256)
+    try:
+        expected = s.generate("Hi", max_tokens=4, temperature=0).text
+        import openvino_genai
+
+        running = openvino_genai.StreamingStatus.RUNNING
+        real, ids = s._pipe, s.tokenize(" one two three four five six seven eight nine ten")
+        slow = threading.Event()
+
+        class SlowPipe:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            def generate(self, inputs: Any, config: Any, streamer: Any) -> None:
+                for i in range(10_000):
+                    if slow.is_set():
+                        time.sleep(3)  # the token the stream is closed in
+                    if streamer.write(ids[i % len(ids)]) != running:
+                        break
+                streamer.end()
+
+        s._pipe = SlowPipe()
+        stream = s.stream("Once", max_tokens=200, temperature=0, ignore_eos=True)
+        next(stream)
+        slow.set()
+        start = time.perf_counter()
+        stream.close()
+        assert time.perf_counter() - start < 1.0
+        s._pipe = real
+        assert s.generate("Hi", max_tokens=4, temperature=0).text == expected
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("target", BOTH)
 def test_a_seed_does_not_outlive_its_call(models: Models, target: str) -> None:
     s = models.session(target)
     prompt = "Once upon a time"
@@ -630,6 +721,91 @@ class _Failing:
 
             return fail
         return getattr(self._inner, name)
+
+
+class _FailingLater:
+    """Stands in for llama-cpp-python's Llama: its generation yields ``after`` tokens of
+    the real one, then raises."""
+
+    def __init__(self, inner: Any, after: int, exc: Exception) -> None:
+        self._inner, self._after, self._exc = inner, after, exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Iterator[int]:
+        for i, token in enumerate(self._inner.generate(*args, **kwargs)):
+            if i == self._after:
+                raise self._exc
+            yield token
+
+
+class _FailingInfer:
+    """Stands in for an OpenVINO compiled model whose infer request fails in ``infer``."""
+
+    def __init__(self, inner: Any, exc: Exception) -> None:
+        self._inner, self._exc = inner, exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def create_infer_request(self) -> Any:
+        return _Failing(self._inner.create_infer_request(), "infer", exc=self._exc)
+
+
+@pytest.mark.parametrize("target", BOTH)
+def test_a_backend_failure_mid_stream_is_a_generation_error(models: Models, target: str) -> None:
+    """A runtime that fails after some tokens: the stream's reader gets a GenerationError
+    (the runtime's exception its cause), the session is given back, the next call works."""
+    s = models.load(target, context=256, logits=True)
+    try:
+        expected = s.generate("Hi", max_tokens=3, temperature=0).text
+        boom = RuntimeError("the runtime broke mid-way")
+        if target == LL:
+            real = s._llm
+            s._llm = _FailingLater(real, 2, boom)
+        else:
+            s.logits([1, 2])  # compiles the IR
+            real = s._compiled
+            s._compiled = _FailingInfer(real, boom)
+        with pytest.raises(GenerationError, match="mid-way") as info:
+            if target == LL:
+                list(s.stream("Once upon a time", max_tokens=20, temperature=0))
+            else:
+                s.logits([1, 2, 3])
+        assert info.value.__cause__ is boom and info.value.hint
+        if target == LL:
+            s._llm = real
+        else:
+            s._compiled = real
+        assert s.generate("Hi", max_tokens=3, temperature=0).text == expected
+    finally:
+        s.close()
+
+
+def test_only_the_session_boundary_maps_backend_exceptions() -> None:
+    """Backend exceptions become GenerationError in targets/runtime_calls.py only (and a
+    chat template's own failures in targets/templates.py: the template is untrusted code,
+    not a backend). No other handler in the targets turns what it caught into one."""
+    import ast
+
+    allowed = {"runtime_calls.py", "templates.py"}
+    offenders = []
+    for path in sorted((ROOT / "targets").glob("*.py")):
+        if path.name in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ExceptHandler):
+                raised = [
+                    n.exc.func.id
+                    for n in ast.walk(node)
+                    if isinstance(n, ast.Raise)
+                    and isinstance(n.exc, ast.Call)
+                    and isinstance(n.exc.func, ast.Name)
+                ]
+                if "GenerationError" in raised:
+                    offenders.append(f"{path.name}:{node.lineno}")
+    assert not offenders, offenders
 
 
 @pytest.mark.parametrize("target", BOTH)

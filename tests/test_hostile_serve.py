@@ -734,6 +734,32 @@ def test_a_queued_client_that_leaves_does_not_cancel_the_running_one() -> None:
         assert_still_serving(live)
 
 
+def test_a_client_that_leaves_while_its_generation_is_queued_leaves_the_queue() -> None:
+    """The second request's generation is in the session's queue when its client goes:
+    it leaves the queue and never runs, and the running one is not touched."""
+    fake = FakeSession(token_delay=0.01)
+    with LiveServer(fake, model_name="fake", queue_size=4) as live:
+        result: dict[str, Any] = {}
+
+        def first() -> None:
+            result["r"] = post(live, P, completion(max_tokens=150))
+
+        runner = threading.Thread(target=first)
+        runner.start()
+        assert wait_until(lambda: fake.state.running == 1, 30)
+        with socket.create_connection(("127.0.0.1", live.port), timeout=30) as s:
+            s.sendall(
+                http_bytes("POST", "/v1/completions", completion(max_tokens=60), port=live.port)
+            )
+            assert wait_until(lambda: fake.waiting == 1, 30)  # queued behind the first
+        assert wait_until(lambda: fake.waiting == 0 and live.stats.left_queue == 1, 30)
+        runner.join(30)
+        r = result["r"]
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 150
+        assert len(fake.state.runs) == 1 and live.stats.cancelled == 0
+        assert_still_serving(live)
+
+
 def test_a_full_queue_answers_503_and_recovers() -> None:
     fake = FakeSession(token_delay=0.01)
     with LiveServer(fake, model_name="fake", queue_size=1) as live:
@@ -838,7 +864,7 @@ def test_a_plain_request_that_fails_is_a_500_json_error() -> None:
 
 def test_an_empty_api_key_is_refused() -> None:
     from edgekit.errors import ServeError
-    from edgekit.serve import ServeConfig
+    from edgekit.serve_config import ServeConfig
 
     with pytest.raises(ServeError, match="empty"):
         ServeConfig(model_name="m", api_key="")
@@ -847,7 +873,7 @@ def test_an_empty_api_key_is_refused() -> None:
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.10", "myhost.lan"])
 def test_beyond_loopback_without_a_key_is_refused(host: str) -> None:
     from edgekit.errors import ServeError
-    from edgekit.serve import ServeConfig
+    from edgekit.serve_config import ServeConfig
 
     with pytest.raises(ServeError, match="insecure-no-auth"):
         ServeConfig(model_name="m", host=host)
@@ -857,7 +883,7 @@ def test_beyond_loopback_without_a_key_is_refused(host: str) -> None:
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.2"])
 def test_loopback_without_a_key_is_allowed(host: str) -> None:
-    from edgekit.serve import ServeConfig
+    from edgekit.serve_config import ServeConfig
 
     assert ServeConfig(model_name="m", host=host).host == host
 
@@ -946,7 +972,7 @@ def test_serve_runs_the_app_until_interrupted() -> None:
     port = free_port()
     script = (
         "from tests.serve_harness import FakeSession; "
-        "from edgekit.serve import ServeConfig, serve; "
+        "from edgekit.serve import serve; from edgekit.serve_config import ServeConfig; "
         f"serve(FakeSession(), ServeConfig(model_name='fake', port={port}))"
     )
     root = Path(__file__).resolve().parent.parent

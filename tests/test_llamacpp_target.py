@@ -12,7 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from edgekit.targets.text import StopMatcher, Utf8Stream, render_chat_template
+from edgekit.targets.streams import StopMatcher, Utf8Stream
+from edgekit.targets.templates import render_chat_template
 
 from edgekit.errors import GenerationError, ModelFormatError, SettingError
 from tests.conftest import require
@@ -232,8 +233,8 @@ def test_windowed_cache_never_resumes_from_positions_it_dropped(tiny_gemma3: Pat
     the positions before it (logits off by as much as the largest logit, seen here).
     Every row from the resume point must equal a fresh evaluation."""
     import numpy as np
-    from edgekit.targets.base import Sampling
     from edgekit.targets.llamacpp import LlamaCppTarget
+    from edgekit.targets.values import Sampling
 
     from tests.tiny_models import training_text
 

@@ -13,8 +13,10 @@ import pytest
 
 from edgekit.errors import (
     GenerationError,
+    ModelFormatError,
     OutputExistsError,
     TargetUnavailableError,
+    UnsupportedArchitectureError,
     UnsupportedConversionError,
 )
 from tests.conftest import require
@@ -247,18 +249,49 @@ def test_devices() -> None:
         assert "OpenVINO sees: " + ", ".join(present) in info.value.message
 
 
-def test_npu_prompt_limit_is_enforced_before_running(
+def test_the_npu_path_compiles_for_npu_and_enforces_its_prompt_limit(
     tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The NPU path is simulated on the CPU (no NPU here): the pipeline is compiled on CPU,
-    but the static prompt limit an NPU would carry is set, and a longer prompt is refused."""
+    """The NPU path, simulated on the CPU (no NPU here): OpenVINO lists an NPU, so auto
+    picks it; the pipeline is asked for with the NPU's device name and its static shapes
+    (MAX_PROMPT_LEN, MIN_RESPONSE_LEN) and built on the CPU; a prompt longer than the
+    compiled limit is refused before it runs, a shorter one runs."""
     import edgekit.targets.openvino as target
+    import openvino_genai
 
     folder = _export(tiny("qwen2"), tmp_path / "ov", "INT4_SYM")
-    with target.OpenVinoTarget.load(folder) as s:
-        s._max_prompt = 8  # what device="NPU", max_prompt_len=8 sets
-        with pytest.raises(GenerationError, match="compiled for at most 8"):
+    asked: list[tuple[str, dict[str, Any]]] = []
+    real = openvino_genai.LLMPipeline
+
+    def pipeline(path: str, device: str, **properties: Any) -> Any:
+        asked.append((device, properties))
+        on_cpu = {k: v for k, v in properties.items() if not k.endswith(("PROMPT_LEN", "RESPONSE_LEN"))}
+        return real(path, "CPU", **on_cpu)
+
+    monkeypatch.setattr(target, "available_devices", lambda: ["CPU", "GPU.0", "NPU"])
+    monkeypatch.setattr(openvino_genai, "LLMPipeline", pipeline)
+    with target.OpenVinoTarget.load(folder, max_prompt_len=8, min_response_len=16) as s:
+        assert asked == [
+            (
+                "NPU",
+                {
+                    "INFERENCE_PRECISION_HINT": "f16",
+                    "KV_CACHE_PRECISION": "f16",
+                    "MAX_PROMPT_LEN": 8,
+                    "MIN_RESPONSE_LEN": 16,
+                },
+            )
+        ]
+        assert s.info.settings == {
+            "device": "NPU",
+            "inference_precision": "f16",
+            "max_prompt_len": 8,
+            "min_response_len": 16,
+        }
+        with pytest.raises(GenerationError, match="compiled for at most 8") as info:
             s.generate("word " * 40, max_tokens=4)
+        assert "max_prompt_len" in info.value.hint
+        assert s.generate("Hi", max_tokens=2, temperature=0).completion_tokens >= 1
 
 
 def test_refusals(tiny: Any, tmp_path: Path) -> None:
@@ -277,14 +310,14 @@ def test_refusals(tiny: Any, tmp_path: Path) -> None:
     config = json.loads((bert / "config.json").read_text())
     config.update(model_type="bert", architectures=["BertModel"])
     (bert / "config.json").write_text(json.dumps(config))
-    with pytest.raises(Exception, match="not supported"):
+    with pytest.raises(UnsupportedArchitectureError, match="not supported"):
         convert_model(bert, "openvino", tmp_path / "c", quant="INT4")
     with pytest.raises(UnsupportedConversionError, match="INT3"):
         convert_model(tiny("llama"), "openvino", tmp_path / "d", quant="INT3")
     (tmp_path / "e").mkdir()
     with pytest.raises(OutputExistsError):
         convert_model(tiny("llama"), "openvino", tmp_path / "e", quant="INT4")
-    with pytest.raises(Exception, match="not an OpenVINO export"):
+    with pytest.raises(ModelFormatError, match="not an OpenVINO export"):
         OpenVinoTarget.load(tiny("llama"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bert", "e", "src"]
     from edgekit.targets.openvino import available_devices

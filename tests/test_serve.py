@@ -180,3 +180,82 @@ def test_full_queue_answers_503(session: Any) -> None:
         assert live.app.state.stats.rejected_busy == 1
         # the stream's client left: its slot comes back
         assert wait_until(lambda: live.stats.open == 0, 30)
+
+
+def test_a_queued_client_that_disconnects_does_not_cancel_the_running_one(session: Any) -> None:
+    """The second client waits behind the first and goes away: its own generation leaves
+    the queue and never starts; the first one runs to its end."""
+    import httpx
+
+    from tests.serve_harness import http_bytes, send_and_close
+
+    with LiveServer(session) as live:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        body = {"model": "smollm2", "prompt": LONG, "max_tokens": 60, "temperature": 0}
+        with httpx.stream(
+            "POST",
+            f"{live.url}/completions",
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+            headers=headers,
+            timeout=60,
+        ) as r:
+            lines = r.iter_lines()
+            first = _read_events(lines, 1)
+            queued = json.dumps({**body, "max_tokens": 5}).encode()
+            send_and_close(live.port, http_bytes("POST", "/v1/completions", queued, port=live.port))
+            assert wait_until(lambda: live.stats.left_queue == 1, 30)
+            rest = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+        events = first + rest
+        assert events[-1]["usage"]["completion_tokens"] == 60
+        assert [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1] == "length"
+        assert live.stats.cancelled == 0 and live.stats.requests == 2
+
+
+class _FailingLlama:
+    """llama-cpp-python's Llama whose generation raises its RuntimeError after 3 tokens."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Iterator[int]:
+        for i, token in enumerate(self._inner.generate(*args, **kwargs)):
+            if i == 3:
+                raise RuntimeError("llama_decode returned -3")
+            yield token
+
+
+def test_a_failed_generation_is_an_error_event_or_a_500(session: Any) -> None:
+    """llama.cpp fails mid-way: a stream ends with an OpenAI-style error event (the
+    runtime's error, mapped, as the message), never [DONE]; a plain request is a 500
+    JSON error with the message. Then the server serves again."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "smollm2", "prompt": LONG, "max_tokens": 20, "temperature": 0}
+    real = session._llm
+    with LiveServer(session) as live:
+        session._llm = _FailingLlama(real)
+        try:
+            with httpx.stream(
+                "POST",
+                f"{live.url}/completions",
+                json={**body, "stream": True},
+                headers=headers,
+                timeout=60,
+            ) as r:
+                lines = [x for x in r.iter_lines() if x.startswith("data: ")]
+            plain = httpx.post(f"{live.url}/completions", json=body, headers=headers, timeout=60)
+        finally:
+            session._llm = real
+        assert "data: [DONE]" not in lines
+        error = json.loads(lines[-1][6:])["error"]
+        assert error["type"] == "server_error" and error["code"] == 500
+        assert "RuntimeError: llama_decode returned -3" in error["message"]
+        assert plain.status_code == 500
+        assert "llama_decode returned -3" in plain.json()["error"]["message"]
+        ok = httpx.post(f"{live.url}/completions", json=body, headers=headers, timeout=60)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 20
+

@@ -194,6 +194,32 @@ async def test_bench_without_a_bundle_explains_and_a_bad_bundle_notifies(tmp_pat
         assert note.severity == "error" and "hint:" in note.message
 
 
+async def test_a_bench_that_fails_with_any_error_is_a_notification(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not an edgekit error: a bug, a runtime's own exception. The tab says "failed", the
+    app keeps running, and a second run can start."""
+    from edgekit.tui.bench import BenchPane
+
+    import edgekit.bench
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("the meter broke")
+
+    monkeypatch.setattr(edgekit.bench, "bench", broken)
+    app = app_for(tmp_path, bundle=tmp_path / "some.bundle")
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.query_one(BenchPane)
+        await pilot.press("b", "r")
+        await wait_for(pilot, lambda: pane.stats.get("status") == "failed")
+        note = list(app._notifications)[-1]
+        assert note.severity == "error" and "RuntimeError: the meter broke" in note.message
+        assert app.is_running and not pane._benchmarking
+        await pilot.press("r")  # the tab is ready again
+        await wait_for(pilot, lambda: len(app._notifications) >= 3)
+        assert app.is_running
+
+
 # --- Compare ---------------------------------------------------------------------------
 
 
@@ -241,6 +267,42 @@ async def test_chat_streams_with_tokens_per_second(tmp_path: Path) -> None:
         assert pane.messages[-1] == {"role": "assistant", "content": FakeSession.REPLY}
         # 6 tokens, one per 20 ms tick after the first: 50 tok/s
         assert "6 tokens, 50.0 tok/s (stop)" in text(app, "#chat-reply")
+
+
+async def test_a_reply_that_fails_with_any_error_is_a_notification(tmp_path: Path) -> None:
+    """The session raises a RuntimeError mid-reply (not an edgekit error): it is shown as a
+    notification, the app keeps running, and the next message is answered."""
+    from edgekit.tui.chat import ChatPane
+
+    app = app_for(tmp_path, bundle=tmp_path / "some.bundle", clock=FakeClock())
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.query_one(ChatPane)
+        pane.session = FakeSession(fail=RuntimeError("the runtime broke"))
+        await pilot.press("h", *"hello", "enter")
+        await wait_for(pilot, lambda: bool(app._notifications) and not pane._generating)
+        note = list(app._notifications)[-1]
+        assert note.severity == "error" and "RuntimeError: the runtime broke" in note.message
+        assert app.is_running
+        pane.session = FakeSession()
+        await pilot.press(*"again", "enter")
+        await wait_for(pilot, lambda: not pane._generating and len(pane.messages) >= 3)
+        assert pane.messages[-1] == {"role": "assistant", "content": FakeSession.REPLY}
+
+
+async def test_escape_cancels_the_reply_being_generated(tmp_path: Path) -> None:
+    from edgekit.tui.chat import ChatPane
+
+    app = app_for(tmp_path, bundle=tmp_path / "some.bundle", clock=FakeClock())
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.query_one(ChatPane)
+        session = FakeSession()
+        pane.session = session
+        await pilot.press("h")
+        pane._generating = True  # as while a reply streams
+        pane._generation = session.chat_stream([])
+        await pilot.press("escape")
+        assert session.generations[-1].cancelled  # its own generation, not the session's
+        assert list(session.generations[-1])[-1].finish_reason == "cancelled"
 
 
 async def test_chat_with_a_real_bundle(tmp_path: Path, tiny_bundle: Path) -> None:

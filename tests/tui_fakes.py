@@ -7,12 +7,13 @@ tests); the TUI's behaviour and look are what is under test here.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from edgekit.targets.availability import TargetStatus
-from edgekit.targets.base import StreamChunk
+from edgekit.targets.handles import GenerationHandle, HandleState
+from edgekit.targets.values import Generation, StreamChunk
 
 from edgekit.devices import load_profile
 from edgekit.host.sensors import SensorFacts
@@ -30,7 +31,7 @@ def recorded_probe() -> HostReport:
         board=None,
         jetson=None,
         nvidia_gpus=(),
-        openvino_devices=(),
+        target_devices={},
         sensors=(
             SensorFacts(name="rapl", readable=False, detail="no powercap RAPL zones"),
             SensorFacts(name="battery", readable=True, detail="/sys/class/power_supply/BAT0"),
@@ -58,30 +59,73 @@ class FakeClock:
         return self.t
 
 
+class FakeGeneration(GenerationHandle):
+    """A fixed reply, a token per word, with its own cancel (the handle a Session gives);
+    ``fail`` is raised after the first word, as a runtime bug would be (not an edgekit
+    error: the Session boundary is not in this fake)."""
+
+    def __init__(self, reply: str, fail: BaseException | None = None) -> None:
+        self.words = reply.split(" ")
+        self.fail = fail
+        self.cancelled = False
+        self.closed = False
+        self.at = 0
+        self.ended = False
+
+    @property
+    def state(self) -> HandleState:
+        return "closed" if self.closed else "finished" if self.ended else "running"
+
+    @property
+    def started(self) -> bool:
+        return True
+
+    @property
+    def prompt_tokens(self) -> int:
+        return 0
+
+    def __next__(self) -> StreamChunk:
+        if self.ended or self.closed:
+            raise StopIteration
+        if self.cancelled:
+            self.ended = True
+            return StreamChunk(text="", tokens=0, finish_reason="cancelled")
+        if self.fail is not None and self.at == 1:
+            raise self.fail
+        word, self.at = self.words[self.at], self.at + 1
+        last = self.at == len(self.words)
+        self.ended = last
+        return StreamChunk(
+            text=word + ("" if last else " "), tokens=1, finish_reason="stop" if last else None
+        )
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def result(self) -> Generation:
+        text = "".join(c.text for c in self)
+        return Generation(text=text, prompt_tokens=0, completion_tokens=0, finish_reason="stop")
+
+
 class FakeSession:
-    """A session that streams a fixed reply, a token per word."""
+    """A session that streams a fixed reply, a token per word; ``fail``: every reply
+    raises it after the first word."""
 
     REPLY = "Paris is the capital of France."
 
-    def __init__(self) -> None:
-        self.cancelled = False
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.fail = fail
+        self.generations: list[FakeGeneration] = []
         self.closed = False
         self.variant = None
         self.info = type("Info", (), {"target": "fake"})()
 
-    def chat_stream(self, messages: Sequence[dict[str, str]], **_: Any) -> Iterator[StreamChunk]:
-        words = self.REPLY.split(" ")
-        for i, word in enumerate(words):
-            if self.cancelled:
-                yield StreamChunk(text="", tokens=0, finish_reason="cancelled")
-                return
-            last = i == len(words) - 1
-            yield StreamChunk(
-                text=word + ("" if last else " "), tokens=1, finish_reason="stop" if last else None
-            )
-
-    def cancel(self) -> None:
-        self.cancelled = True
+    def chat_stream(self, messages: Sequence[dict[str, str]], **_: Any) -> FakeGeneration:
+        self.generations.append(FakeGeneration(self.REPLY, self.fail))
+        return self.generations[-1]
 
     def close(self) -> None:
         self.closed = True

@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from edgekit.tui.shown import content, plain
+from edgekit.tui.workers import background, report_failure
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import Input, RichLog, Static
+from textual.worker import Worker
 
-from edgekit.errors import EdgekitError
 from edgekit.terminal_text import OutputCleaner, clean_output
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ class ChatPane(Vertical):
         self._cleaner = OutputCleaner()
         self.speed = ""
         self._generating = False
+        self._generation: Any = None  # the reply being generated: its own handle
 
     @property
     def edgekit(self) -> EdgekitApp:
@@ -51,7 +52,7 @@ class ChatPane(Vertical):
     def show_bundle(self) -> None:
         bundle = self.edgekit.sources.bundle
         if self.session is not None:
-            self.session.close()
+            self._close_session()
             self.session = None
         self.query_one("#chat-status", Static).update(
             content("bundle: $bundle (loaded on the first message)", bundle=bundle)
@@ -78,26 +79,29 @@ class ChatPane(Vertical):
         self.generate(list(self.messages))
 
     def action_cancel(self) -> None:
-        if self._generating and self.session is not None:
-            self.session.cancel()
+        """Escape: stop this reply (its own generation) at its next token."""
+        if self._generating and self._generation is not None:
+            self._generation.cancel()
 
-    @work(thread=True, exclusive=True, group="chat")
+    @background("chat")
     def generate(self, messages: list[dict[str, str]]) -> None:
         import edgekit
 
         clock = self.edgekit.sources.clock
+        if self.session is None:
+            self.app.call_from_thread(self.status, "loading the model...")
+            self.session = edgekit.load(self.edgekit.sources.bundle)  # type: ignore[arg-type]
+            self.app.call_from_thread(
+                self.status,
+                f"{self.session.variant.name if self.session.variant else ''} "
+                f"({self.session.info.target})",
+            )  # a variant's name from the manifest: status() shows it as plain text
+        start: float | None = None
+        tokens = 0
+        generation = self.session.chat_stream(messages, max_tokens=MAX_TOKENS, temperature=0)
+        self._generation = generation
         try:
-            if self.session is None:
-                self.app.call_from_thread(self.status, "loading the model...")
-                self.session = edgekit.load(self.edgekit.sources.bundle)  # type: ignore[arg-type]
-                self.app.call_from_thread(
-                    self.status,
-                    f"{self.session.variant.name if self.session.variant else ''} "
-                    f"({self.session.info.target})",
-                )  # a variant's name from the manifest: status() shows it as plain text
-            start: float | None = None
-            tokens = 0
-            for chunk in self.session.chat_stream(messages, max_tokens=MAX_TOKENS, temperature=0):
+            for chunk in generation:
                 now = clock()
                 if chunk.tokens:
                     if start is None:
@@ -107,11 +111,15 @@ class ChatPane(Vertical):
                 self.app.call_from_thread(
                     self.stream, chunk.text, tokens, rate, chunk.finish_reason
                 )
-        except EdgekitError as exc:
-            self.app.call_from_thread(self.edgekit.report, exc, title="chat")
-            self.app.call_from_thread(self.done)
-            return
+        finally:
+            generation.close()  # gives the session back at once, however this ends
         self.app.call_from_thread(self.done)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A failed reply (anything the load or the runtime raised) is a notification;
+        the chat is ready for the next message."""
+        if report_failure(self.edgekit, event) == "chat":
+            self.done()
 
     def status(self, text: str) -> None:
         self.query_one("#chat-status", Static).update(plain(text))
@@ -130,6 +138,7 @@ class ChatPane(Vertical):
 
     def done(self) -> None:
         """The reply moves into the transcript; its speed stays below it."""
+        self._generation = None
         self.shown += self._cleaner.flush()
         if self.reply:
             self.messages.append({"role": "assistant", "content": self.reply})
@@ -141,7 +150,14 @@ class ChatPane(Vertical):
 
     def on_unmount(self) -> None:
         if self.session is not None:
-            self.session.close()
+            self._close_session()
+
+    def _close_session(self) -> None:
+        """A reply still streaming ends first (at once), so closing does not wait for it."""
+        generation = self._generation
+        if generation is not None:
+            generation.close()
+        self.session.close()
 
 
 def _said(who: str, text: str) -> Text:

@@ -68,7 +68,7 @@ class ComparePane(Vertical):
         self.reload()
 
     def reload(self) -> None:
-        from edgekit.bench import load_result
+        from edgekit.bench_results import load_result
 
         folder = self.edgekit.sources.results
         self.results = []
@@ -104,7 +104,7 @@ class ComparePane(Vertical):
         return marked or self.results[-SIDE_BY_SIDE:]
 
     def redraw(self, keep_cursor: int | None = None) -> None:
-        from edgekit.bench import headline
+        from edgekit.bench_results import headline
 
         files = self.query_one("#compare-files", DataTable)
         files.clear()

@@ -59,7 +59,8 @@ def bench_command(
     as_json: bool,
 ) -> None:
     """Measure load time, TTFT, prefill/decode tok/s, memory and watts of BUNDLE."""
-    from edgekit.bench import bench, headline, load_result
+    from edgekit.bench import bench
+    from edgekit.bench_results import headline, load_result
 
     if compare:
         a, b = (load_result(p) for p in compare)
@@ -120,16 +121,16 @@ def bench_command(
 
 def _feed_back(result: object, *, calibrate: bool, record: bool) -> list[str]:
     """Calibration sample and manifest figures from a result; what was written, in words."""
-    from edgekit.bench import BenchResult, measured_figures
-    from edgekit.bundle import update_variant
-    from edgekit.converters.calibration import record_bench
+    from edgekit.bench import BenchResult
+    from edgekit.bench_results import measured_figures, record_calibration
+    from edgekit.bundle_open import update_variant
     from edgekit.probe import probe_host
 
     if not isinstance(result, BenchResult) or not result.runs:
         return []
     notes = []
     if calibrate:
-        path = record_bench(result, probe_host().profile)
+        path = record_calibration(result, probe_host().profile)
         notes.append(f"calibration: this run now refines `edgekit plan --device host` ({path})")
     if record:
         update_variant(result.bundle, result.variant, measured=measured_figures(result))

@@ -65,7 +65,7 @@ def sampling_options(f: Any) -> Any:
 def _sampling(
     max_tokens: int, temperature: float, top_p: float, seed: int | None, stop: tuple[str, ...]
 ) -> Any:
-    from edgekit.targets.base import Sampling
+    from edgekit.targets.values import Sampling
 
     return Sampling(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop
@@ -272,9 +272,10 @@ def serve_command(
 
     import edgekit.serve
     from edgekit.errors import ServeError
+    from edgekit.serve_config import ServeConfig, is_loopback
 
     try:  # refused before the model is loaded: an open server is never started by mistake
-        config = edgekit.serve.ServeConfig(
+        config = ServeConfig(
             model_name="",
             host=host,
             port=port,
@@ -288,7 +289,7 @@ def serve_command(
         )
     except ServeError as exc:
         raise click.UsageError(str(exc)) from exc
-    if api_key is None and not edgekit.serve.is_loopback(host):
+    if api_key is None and not is_loopback(host):
         err_console.print(
             render.line(
                 ("warning:", "bold yellow"),
