@@ -6,9 +6,9 @@ do not enter the KV cache), converts it to an F16 GGUF with edgekit, and loads i
 llama-cpp-python at several contexts with ``swa_full`` off and on. llama.cpp logs the
 size of each KV cache it creates (``llama_kv_cache: size = ... MiB (N cells, L layers``);
 the figures are parsed from that log (a child process per load) and set beside
-``edgekit.memory_estimate.kv_cache_bytes``: ``target="llamacpp"`` for the windowed cache,
-``target=None`` (plus llama.cpp's 256-cell padding) for the full one. The child's peak
-RSS is reported too. Prints one JSON document.
+``edgekit.converters.planner.memory.kv_cache_bytes``: with llama.cpp's ``KvCacheLayout``
+for the windowed cache, with none (plus llama.cpp's 256-cell padding) for the full one.
+The child's peak RSS is reported too. Prints one JSON document.
 
     .venv/bin/python benchmarks/llamacpp_swa_kv.py [--contexts 512,1000,4096,32768]
 """
@@ -96,8 +96,12 @@ def measure(gguf: Path, context: int, swa_full: bool) -> dict[str, Any]:
 
 
 def main() -> None:
+    from edgekit.converters.planner.memory import attention_layers, kv_cache_bytes
+    from edgekit.targets.registry import get_target
+
     from edgekit.inspection import inspect_model
-    from edgekit.memory_estimate import LLAMACPP_KV_PAD, attention_layers, kv_cache_bytes
+
+    llamacpp = get_target("llamacpp").kv_cache
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="512,1000,4096,32768")
@@ -107,10 +111,10 @@ def main() -> None:
         gguf = build_gguf(Path(tmp))
         spec = inspect_model(gguf)
         for context in (int(c) for c in args.contexts.split(",")):
-            padded = -(-context // LLAMACPP_KV_PAD) * LLAMACPP_KV_PAD
+            padded = -(-context // llamacpp.pad) * llamacpp.pad
             windowed = measure(gguf, context, swa_full=False)
             full = measure(gguf, context, swa_full=True)
-            predicted_windowed = kv_cache_bytes(spec, context, target="llamacpp") / MIB
+            predicted_windowed = kv_cache_bytes(spec, context, layout=llamacpp) / MIB
             predicted_full = kv_cache_bytes(spec, padded) / MIB
             rows.append(
                 {

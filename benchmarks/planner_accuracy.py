@@ -15,9 +15,11 @@ import json
 import sys
 from dataclasses import asdict
 
-from edgekit.converters.calibration import check_against_bench
+from edgekit.converters.planner.calibration import check_against_bench
 
-from edgekit.bench import load_result
+from edgekit.bench_results import load_result
+from edgekit.bundle_open import open_bundle
+from edgekit.inspection import inspect_model
 from edgekit.probe import probe_host
 
 
@@ -26,13 +28,18 @@ def main(paths: list[str]) -> None:
     rows = []
     for path in paths:
         result = load_result(path)
+        opened = open_bundle(result.bundle)
+        variant = opened.manifest.variant(result.variant)
+        spec = inspect_model(opened.variant_path(variant))
         row: dict[str, object] = {"result": path, "variant": result.variant}
         for name, kwargs in (
             ("first_estimate", {"calibrated": False}),
             ("leave_one_out", {"leave_out": True}),
             ("calibrated", {"leave_out": False}),
         ):
-            check = check_against_bench(result, profile, **kwargs)
+            check = check_against_bench(
+                result, profile, spec=spec, kv_cache=variant.runtime.kv_cache, **kwargs
+            )
             row[name] = {
                 **asdict(check),
                 "memory_error": check.memory_error,

@@ -26,7 +26,7 @@ _EXPORTS = {
     "load": "edgekit.runtime",
     "pack": "edgekit.bundle",
     "VariantRequest": "edgekit.bundle",
-    "Sampling": "edgekit.targets.base",
+    "Sampling": "edgekit.targets.values",
 }
 
 __all__ = [
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from edgekit.modelspec import ModelSpec, TensorInfo
     from edgekit.probe import HostReport, probe_host
     from edgekit.runtime import load
-    from edgekit.targets.base import Sampling
+    from edgekit.targets.values import Sampling
 
 
 def __getattr__(name: str) -> Any:

@@ -20,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from edgekit.errors import EvalError
+from edgekit.manifest import Quality
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
 
 if TYPE_CHECKING:
@@ -38,6 +39,12 @@ class LogitSource(Protocol):
     def logits(self, tokens: list[int]) -> np.ndarray: ...
 
 
+class Reference(LogitSource, Protocol):
+    """A logit source that holds a model until closed (a Session, TransformersReference)."""
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class EvalResult:
     perplexity: float
@@ -48,6 +55,20 @@ class EvalResult:
     tokens_scored: int
     ctx: int
     chunks: int
+
+    def quality(self, *, reference: str, text: str) -> Quality:
+        """The manifest's record of this result (``Variant.quality``)."""
+        return Quality(
+            reference=reference,
+            text=text,
+            perplexity=self.perplexity,
+            reference_perplexity=self.reference_perplexity,
+            kl_mean=self.kl_mean,
+            kl_p99=self.kl_p99,
+            top1_agreement=self.top1_agreement,
+            tokens_scored=self.tokens_scored,
+            ctx=self.ctx,
+        )
 
 
 def default_text() -> str:
@@ -160,9 +181,10 @@ class TransformersReference:
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
-    def logits(self, tokens: list[int]) -> Any:
+    def logits(self, tokens: list[int]) -> np.ndarray:
         with self._torch.no_grad():
-            return self.model(self._torch.tensor([tokens])).logits[0].numpy()
+            out: np.ndarray = self.model(self._torch.tensor([tokens])).logits[0].numpy()
+        return out
 
     def close(self) -> None:
         del self.model

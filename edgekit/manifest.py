@@ -88,7 +88,8 @@ class Figures:
 
 @dataclass(frozen=True, kw_only=True)
 class Quality:
-    """Measured by ``edgekit eval`` against ``reference`` (docs/accuracy.md states the method)."""
+    """Measured by ``edgekit eval`` against ``reference`` (docs/accuracy.md states the method;
+    ``edgekit.accuracy.EvalResult.quality`` makes one)."""
 
     reference: str
     text: str
@@ -99,21 +100,6 @@ class Quality:
     top1_agreement: float
     tokens_scored: int
     ctx: int
-
-    @classmethod
-    def of(cls, result: Any, *, reference: str, text: str) -> Quality:
-        """From an ``edgekit.accuracy.EvalResult``."""
-        return cls(
-            reference=reference,
-            text=text,
-            perplexity=result.perplexity,
-            reference_perplexity=result.reference_perplexity,
-            kl_mean=result.kl_mean,
-            kl_p99=result.kl_p99,
-            top1_agreement=result.top1_agreement,
-            tokens_scored=result.tokens_scored,
-            ctx=result.ctx,
-        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +154,18 @@ class Manifest:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenedBundle:
+    """A bundle ready to load from: its folder (an archive's is in the cache) and its
+    manifest, read and checked (``edgekit.bundle_open.open_bundle`` makes one)."""
+
+    folder: Path
+    manifest: Manifest
+
+    def variant_path(self, variant: Variant) -> Path:
+        return self.folder / variant.entry
 
 
 def parse_manifest(text: str | bytes, where: str) -> Manifest:

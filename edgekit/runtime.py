@@ -6,23 +6,32 @@
 
 The variant is the one asked for, or the best this host can run and hold in memory;
 sizes are always checked, checksums when ``verify=True``; settings come from the call,
-then the bundle's runtime settings, then the target's defaults.
+then the bundle's runtime settings, then the target's defaults. Everything about a
+target comes from the registry: whether it runs here (``availability.target_status``),
+the settings it takes (``load_settings``), what a device means to it
+(``device_settings``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from edgekit.bundle import choose_variant, open_bundle, verify_variants
-from edgekit.errors import TargetError
-from edgekit.manifest import Variant
-from edgekit.targets.base import Session
+from edgekit.bundle_choose import choose_variant
+from edgekit.bundle_open import open_bundle, verify_variants
+from edgekit.errors import SettingError
+from edgekit.manifest import OpenedBundle
+from edgekit.targets import checks
+from edgekit.targets.availability import target_status
+from edgekit.targets.contract import Target
+from edgekit.targets.registry import get_target, runnable_targets
+from edgekit.targets.session import Session
 
-# device -> llama.cpp GPU layers
-_LLAMACPP_DEVICES = {"auto": 0, "cpu": 0, "gpu": -1}
+# edgekit.load's own arguments, listed beside a target's settings when one is unknown
+LOAD_ARGUMENTS = ("variant", "device", "verify", "force")
 
 
 def load(
@@ -39,55 +48,67 @@ def load(
     ``settings`` override the bundle's runtime settings (context, threads, kv_cache, ...).
 
     Raises:
+        SettingError: a setting the variant's target does not take (the message lists the
+            valid ones), or one of the wrong type or out of range.
         BundleError: missing, invalid or tampered bundle; no usable variant.
         InsufficientMemoryError: the variant is predicted not to fit (``force`` overrides).
         TargetError: the target is not installed, or refused the device or a setting.
     """
-    from edgekit.targets import checks
-    from edgekit.targets.availability import target_status
-    from edgekit.targets.catalog import BY_NAME
-    from edgekit.targets.registry import get_target, registered_targets
-
-    # The context sizes the memory check below, before the target validates the rest.
+    # A setting no target takes is refused before the bundle is opened; the context
+    # sizes the memory check below, before the target validates the rest.
+    _check_names(settings, (s for t in runnable_targets() for s in t.load_settings))
     if settings.get("context") is not None:
         settings["context"] = checks.integer("context", settings["context"], low=1)
     opened = open_bundle(bundle)
-    runnable = {
-        name
-        for name in registered_targets()
-        if name in BY_NAME and target_status(BY_NAME[name]).usable
-    }
     chosen = choose_variant(
         opened,
         requested=variant,
         available_bytes=psutil.virtual_memory().available,
-        runnable=runnable,
+        runnable=_runnable_here(opened),
         context=settings.get("context"),
+        device=device,
         force=force,
     )
-    # Sizes were checked while choosing; checksums only when asked (they read every byte).
-    if verify:
-        verify_variants(opened.folder, (chosen,), checksums=True)
     target = get_target(chosen.target)
+    _check_names(settings, target.load_settings)
     merged = {
         "context": chosen.runtime.context,
         "kv_cache": chosen.runtime.kv_cache,
         "threads": chosen.runtime.threads,
-        **_device_settings(chosen, device),
+        **target.device_settings(device),
         **settings,
     }
+    # Sizes were checked while choosing; checksums only when asked (they read every byte).
+    if verify:
+        verify_variants(opened.folder, (chosen,), checksums=True)
     session = target.load(opened.variant_path(chosen), **merged)
     session.bundle = opened
     session.variant = chosen
     return session
 
 
-def _device_settings(variant: Variant, device: str) -> dict[str, Any]:
-    if variant.target == "llamacpp":
-        if device not in _LLAMACPP_DEVICES:
-            raise TargetError(
-                f"device {device!r} is not one the llama.cpp target knows",
-                hint="use auto, cpu or gpu",
-            )
-        return {"gpu_layers": _LLAMACPP_DEVICES[device]} if device == "gpu" else {}
-    return {"device": device}
+def _runnable_here(opened: OpenedBundle) -> set[str]:
+    """The targets of ``opened``'s variants that are installed and usable on this host
+    (only those are checked: a check imports the target's SDK)."""
+    named = {v.target for v in opened.manifest.variants}
+    return {t.name for t in runnable_targets() if t.name in named and _usable(t)}
+
+
+def _usable(target: type[Target]) -> bool:
+    return target_status(target).usable
+
+
+def _check_names(settings: dict[str, Any], valid: Iterable[str]) -> None:
+    """Refuse a setting that is not one of ``valid``, listing those and load's own.
+
+    Raises:
+        SettingError: an unknown setting name.
+    """
+    known = set(valid)
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        listed = ", ".join(sorted(known) + list(LOAD_ARGUMENTS))
+        raise SettingError(
+            f"edgekit.load got unknown setting(s) {', '.join(map(repr, unknown))}; valid: {listed}",
+            hint="pass only the settings listed (see the target's load() docs)",
+        )

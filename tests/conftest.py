@@ -2,6 +2,12 @@
 
 With EDGEKIT_STRICT=1 (set by .ci/test), a fixture whose dependency is missing fails the
 test instead of skipping it: CI must not go green by skipping what set-up should install.
+
+Real-model tests are marked ``slow`` here, so ``pytest -m "not slow"`` is the quick loop:
+a test reaches the embedded default model through the ``default_gguf`` fixture (or one
+built on it, such as ``smollm2_hf``), and is marked for that. A test that is not marked
+and reaches the model some other way (``edgekit pack`` with no model, ``default_model_path``)
+fails, saying to request the fixture: the marking cannot silently fall behind.
 """
 
 from __future__ import annotations
@@ -30,6 +36,36 @@ try:
     settings.load_profile("edgekit")
 except ImportError:  # hypothesis is a dev dependency; only the fuzz tests need it
     pass
+
+
+# Fixtures that hand a test the real default model (100 MB, seconds to load or convert).
+REAL_MODEL_FIXTURES = frozenset({"default_gguf", "smollm2_hf"})
+_NOT_HERE_HINT = (
+    "this test reaches the real default model without the default_gguf fixture: request "
+    "default_gguf (tests/conftest.py then marks it slow), or mark it slow"
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses a real-model fixture, directly or through another
+    fixture, as slow (``fixturenames`` is the closure of the fixtures a test requests)."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _real_model_only_in_slow_tests(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a test not marked slow, the default model is not installed (its lookup raises
+    ModelNotFoundError with a hint that names the fixture)."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    import edgekit.default_model as default_model
+
+    monkeypatch.setattr(default_model, "PACKAGE", "edgekit_tests_no_real_model_here")
+    monkeypatch.setattr(default_model, "INSTALL_HINT", _NOT_HERE_HINT)
 
 
 def require(module: str, why: str) -> None:

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 import edgekit
-from edgekit.bundle import VariantRequest, choose_variant, open_bundle, pack, verify_bundle
+from edgekit.bundle import VariantRequest, pack
+from edgekit.bundle_choose import choose_variant
+from edgekit.bundle_open import open_bundle, verify_bundle
 from edgekit.errors import (
     BundleIntegrityError,
     BundleNotFoundError,
@@ -21,6 +23,7 @@ from edgekit.errors import (
     InsufficientMemoryError,
     NoUsableVariantError,
     OutputExistsError,
+    SettingError,
     UnsafeArchiveError,
     UnsupportedConversionError,
 )
@@ -186,6 +189,48 @@ def test_no_usable_variant(bundle: Path) -> None:
         )
 
 
+def test_unknown_setting_is_refused_before_the_bundle_is_opened(tmp_path: Path) -> None:
+    with pytest.raises(SettingError) as info:
+        edgekit.load(tmp_path / "no-such-bundle", unknown_setting=1)
+    message = info.value.message
+    assert "unknown_setting" in message
+    for valid in ("context", "kv_cache", "threads", "variant", "device", "force"):
+        assert valid in message
+
+
+def test_setting_of_another_target_is_refused_naming_this_ones(bundle: Path) -> None:
+    """A setting some target takes, but not the chosen variant's: refused before loading,
+    listing what this target takes."""
+    from edgekit.targets.registry import get_target, runnable_targets
+
+    from edgekit.runtime import LOAD_ARGUMENTS
+
+    target = get_target(open_bundle(bundle).manifest.variants[0].target)
+    every = {s for t in runnable_targets() for s in t.load_settings}
+    foreign = sorted(every - set(target.load_settings) - set(LOAD_ARGUMENTS))
+    if not foreign:
+        pytest.skip("every installed target takes the same settings")
+    with pytest.raises(SettingError) as info:
+        edgekit.load(bundle, **{foreign[0]: 1})
+    assert repr(foreign[0]) in info.value.message
+    assert all(s in info.value.message for s in target.load_settings)
+
+
+def test_device_selects_the_unit_memory_is_admitted_on() -> None:
+    """auto and cpu: the target's CPU unit (else its first); a named unit in any case, one
+    of several (GPU.1) included."""
+    from edgekit.targets.registry import all_targets
+
+    from edgekit.bundle_choose import unit_kind
+
+    for target in all_targets():
+        kinds = [u.kind for u in target.units]
+        assert unit_kind(target, "auto") == ("cpu" if "cpu" in kinds else kinds[0])
+        for kind in kinds:
+            assert unit_kind(target, kind) == kind
+            assert unit_kind(target, f"{kind.upper()}.1") == kind
+
+
 def test_unknown_variant_lists_the_present_ones(bundle: Path) -> None:
     with pytest.raises(BundleSchemaError) as info:
         edgekit.load(bundle, variant="gguf-q2_k")
@@ -233,7 +278,7 @@ def test_failed_pack_leaves_nothing(
     import edgekit.converters.convert as convert
 
     calls = []
-    real = convert.convert_model
+    real = convert.convert_along
 
     def second_fails(*a, **k):  # type: ignore[no-untyped-def]
         calls.append(1)
@@ -241,7 +286,7 @@ def test_failed_pack_leaves_nothing(
             raise KeyboardInterrupt  # an interrupted run
         return real(*a, **k)
 
-    monkeypatch.setattr(convert, "convert_model", second_fails)
+    monkeypatch.setattr(convert, "convert_along", second_fails)
     with pytest.raises(KeyboardInterrupt):
         pack(
             default_gguf,

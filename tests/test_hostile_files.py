@@ -427,10 +427,10 @@ def _cache_leftovers(cache: Path) -> list[str]:
 def test_hostile_archive(
     case: str, tmp_path: Path, outside: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import edgekit.archive
-    from edgekit.bundle import open_bundle
+    import edgekit.archive_headers
+    from edgekit.bundle_open import open_bundle
 
-    monkeypatch.setattr(edgekit.archive, "MAX_MEMBERS", 50)
+    monkeypatch.setattr(edgekit.archive_headers, "MAX_MEMBERS", 50)
     spec = ARCHIVES[case]
     archive = tmp_path / f"{case}.tar"
     archive.write_bytes(spec.build(outside))
@@ -453,7 +453,7 @@ def test_archive_size_cap_and_free_space(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import edgekit.archive
-    from edgekit.bundle import open_bundle
+    from edgekit.bundle_open import open_bundle
 
     archive = tmp_path / "big.tar"
     archive.write_bytes(tar_bytes(*BASE, reg("b/model.gguf", b"\0" * 5000)))
@@ -746,10 +746,17 @@ class FakeTarget:
 
 @pytest.fixture
 def fake_target(monkeypatch: pytest.MonkeyPatch) -> type[FakeTarget]:
-    import edgekit.targets.registry as registry
+    """Every registered target's ``load`` replaced by the recorder (the rest of each
+    target, its settings, devices and availability, stays real)."""
+    from edgekit.targets.registry import all_targets
 
     FakeTarget.loaded = []
-    monkeypatch.setattr(registry, "get_target", lambda name: FakeTarget())
+
+    def record(cls: Any, path: Path, **settings: Any) -> Any:
+        return FakeTarget().load(path, **settings)
+
+    for target in all_targets():
+        monkeypatch.setattr(target, "load", classmethod(record))
     return FakeTarget
 
 
@@ -766,7 +773,7 @@ def test_hostile_bundle_folder(
     case: str, tmp_path: Path, outside: Path, fake_target: type[FakeTarget]
 ) -> None:
     import edgekit
-    from edgekit.bundle import open_bundle, verify_bundle
+    from edgekit.bundle_open import open_bundle, verify_bundle
 
     spec = FOLDERS[case]
     root = make_bundle(tmp_path / "b")
@@ -792,7 +799,7 @@ def test_good_crafted_bundle_verifies_and_loads(
 ) -> None:
     """The control for the table above: the same bundle, untampered, is accepted."""
     import edgekit
-    from edgekit.bundle import open_bundle, verify_bundle
+    from edgekit.bundle_open import open_bundle, verify_bundle
 
     root = make_bundle(tmp_path / "b", model=linkable_gguf)
     verify_bundle(root, open_bundle(root).manifest, checksums=True)
@@ -811,7 +818,7 @@ def _plant(link_path: Path, target: Path) -> None:
 
 
 def write_update_variant(tmp_path: Path, outside: Path) -> None:
-    from edgekit.bundle import open_bundle, update_variant
+    from edgekit.bundle_open import open_bundle, update_variant
     from edgekit.manifest import Figures
 
     root = make_bundle(tmp_path / "b")
@@ -821,7 +828,7 @@ def write_update_variant(tmp_path: Path, outside: Path) -> None:
 
 
 def _sample() -> Any:
-    from edgekit.converters.calibration import Sample
+    from edgekit.converters.planner.fitting import Sample
 
     return Sample(
         key="b#v@2",
@@ -839,7 +846,7 @@ def _sample() -> Any:
 
 
 def write_calibration(tmp_path: Path, outside: Path) -> None:
-    from edgekit.converters import calibration
+    from edgekit.converters.planner import calibration
 
     _plant(calibration.calibration_file().with_name("calibration.json.tmp"), outside / "victim")
     calibration.record("dev", "llamacpp", "cpu", _sample())
@@ -847,7 +854,7 @@ def write_calibration(tmp_path: Path, outside: Path) -> None:
 
 
 def write_calibration_over_link(tmp_path: Path, outside: Path) -> None:
-    from edgekit.converters import calibration
+    from edgekit.converters.planner import calibration
 
     (outside / "cal.json").write_text(json.dumps({"version": 1, "devices": {}}))
     _plant(calibration.calibration_file(), outside / "cal.json")
@@ -858,7 +865,7 @@ def write_calibration_over_link(tmp_path: Path, outside: Path) -> None:
 
 
 def write_quality(tmp_path: Path, outside: Path) -> None:
-    from edgekit.converters import quality
+    from edgekit.converters.planner import quality
 
     _plant(quality.calibration_file().with_suffix(".tmp"), outside / "victim")
     quality.record("llamacpp", "Q4_K_M", 0.01)
@@ -886,7 +893,7 @@ def write_atomic_over_link_folder(tmp_path: Path, outside: Path) -> None:
 
 
 def read_calibration_deep(tmp_path: Path, outside: Path) -> None:
-    from edgekit.converters import calibration
+    from edgekit.converters.planner import calibration
 
     calibration.calibration_file().parent.mkdir(parents=True, exist_ok=True)
     calibration.calibration_file().write_text('{"version": 1, "devices": ' + "[" * 100_000)
@@ -894,7 +901,7 @@ def read_calibration_deep(tmp_path: Path, outside: Path) -> None:
 
 
 def read_calibration_huge(tmp_path: Path, outside: Path) -> None:
-    from edgekit.converters import calibration
+    from edgekit.converters.planner import calibration
 
     calibration.calibration_file().parent.mkdir(parents=True, exist_ok=True)
     pad = "x" * (40 << 20)
@@ -903,7 +910,7 @@ def read_calibration_huge(tmp_path: Path, outside: Path) -> None:
 
 
 def read_calibration_bad_sample(tmp_path: Path, outside: Path) -> None:
-    from edgekit.converters import calibration
+    from edgekit.converters.planner import calibration
 
     calibration.calibration_file().parent.mkdir(parents=True, exist_ok=True)
     sample = {**asdict(_sample()), "decode_s_per_token": "fast"}
@@ -913,7 +920,7 @@ def read_calibration_bad_sample(tmp_path: Path, outside: Path) -> None:
 
 
 def read_quality_not_numbers(tmp_path: Path, outside: Path) -> None:
-    from edgekit.converters import quality
+    from edgekit.converters.planner import quality
 
     quality.calibration_file().parent.mkdir(parents=True, exist_ok=True)
     quality.calibration_file().write_text(json.dumps({"llamacpp:Q4_K_M": "lots"}))
@@ -921,7 +928,7 @@ def read_quality_not_numbers(tmp_path: Path, outside: Path) -> None:
 
 
 def read_quality_deep(tmp_path: Path, outside: Path) -> None:
-    from edgekit.converters import quality
+    from edgekit.converters.planner import quality
 
     quality.calibration_file().parent.mkdir(parents=True, exist_ok=True)
     quality.calibration_file().write_text("[" * 100_000)
@@ -929,7 +936,7 @@ def read_quality_deep(tmp_path: Path, outside: Path) -> None:
 
 
 def read_quality_not_utf8(tmp_path: Path, outside: Path) -> None:
-    from edgekit.converters import quality
+    from edgekit.converters.planner import quality
 
     quality.calibration_file().parent.mkdir(parents=True, exist_ok=True)
     quality.calibration_file().write_bytes(b'{"\xff": 1}')
@@ -937,7 +944,7 @@ def read_quality_not_utf8(tmp_path: Path, outside: Path) -> None:
 
 
 def update_variant_symlinked_manifest(tmp_path: Path, outside: Path) -> None:
-    from edgekit.bundle import update_variant
+    from edgekit.bundle_open import update_variant
     from edgekit.manifest import Figures
 
     root = make_bundle(tmp_path / "b")
@@ -1018,6 +1025,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         raise WorkStarted(f"converting {args[:2]}")
 
     monkeypatch.setattr(convert, "convert_model", refuse)
+    monkeypatch.setattr(convert, "convert_along", refuse)  # what pack runs per variant
     return calls
 
 
@@ -1210,7 +1218,7 @@ CHILD = textwrap.dedent(
     mode, model, marker = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     edgekit.atomic.interrupt_on_termination()
 
-    def stand_in(src, to, out, **kwargs):
+    def stand_in(route, src, spec, out, **kwargs):
         out = Path(out)
         if mode == "finish":
             shutil.copyfile(model, out)
@@ -1221,7 +1229,7 @@ CHILD = textwrap.dedent(
         time.sleep(120)
 
     if mode != "real":
-        convert.convert_model = stand_in
+        convert.convert_along = stand_in
     from edgekit.cli import main
 
     main(sys.argv[4:], prog_name="edgekit")

@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from edgekit.converters.layouts import gguf_layout
 from edgekit.converters.planner import Budgets, plan
-from edgekit.converters.predict import PRIORS, Coefficients, predict, units_for
+from edgekit.converters.planner.memory import attention_layers
+from edgekit.converters.planner.predict import predict, units_for
+from edgekit.targets.contract import Coefficients
+from edgekit.targets.registry import get_target
 
 from edgekit.cli import main
 from edgekit.devices import load_profile
 from edgekit.errors import ModelFormatError
 from edgekit.inspection import inspect_model
-from edgekit.memory_estimate import attention_layers
 from tests.test_kv_window import GEMMA3_270M, gemma3_gguf
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -113,7 +114,8 @@ def test_damaged_gguf_pattern_is_refused(
 
 # Coefficients a fit can produce from odd samples (a negative intercept, an efficiency
 # of zero): the rates must stay positive numbers or be absent, never negative or NaN.
-CPU = PRIORS[("llamacpp", "cpu")]
+LLAMACPP = get_target("llamacpp")
+CPU = next(u.priors for u in LLAMACPP.units if u.kind == "cpu")
 COEFFICIENT_CASES: list[tuple[str, Coefficients]] = [
     ("negative token overhead", replace(CPU, token_overhead_s=-1.0)),
     ("negative layer overhead", replace(CPU, layer_overhead_s=-1.0)),
@@ -135,11 +137,12 @@ def test_rates_are_never_negative_or_nan(
 ) -> None:
     spec = inspect_model(default_gguf)
     profile = load_profile("x86-laptop-no-gpu")
-    unit = units_for(profile, "llamacpp", None)[0]
+    unit = units_for(profile, LLAMACPP, None)[0]
     for watts in (None, profile.power.idle_w, profile.power.idle_w / 2, 1e-9):
         p = predict(
             spec,
-            gguf_layout(spec, "Q8_0"),
+            LLAMACPP.format.layout(spec, "Q8_0"),
+            LLAMACPP,
             unit,
             coefficients,
             profile,

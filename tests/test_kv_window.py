@@ -15,10 +15,13 @@ from typing import Any
 
 import pytest
 from edgekit.converters.planner import Budgets, plan
+from edgekit.converters.planner.admission import memory_parts
+from edgekit.converters.planner.memory import attention_layers
+from edgekit.converters.planner.memory import kv_cache_bytes as _kv_cache_bytes
+from edgekit.targets.registry import get_target
 
 from edgekit.devices import load_profile
 from edgekit.inspection import inspect_model
-from edgekit.memory_estimate import attention_layers, estimate_memory, kv_cache_bytes
 from edgekit.modelspec import ModelSpec
 from tests.conftest import require
 
@@ -42,6 +45,23 @@ GEMMA3_270M: dict[str, Any] = {
     "torch_dtype": "bfloat16",
     "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3,
 }
+
+
+def kv_cache_bytes(
+    spec: ModelSpec, tokens: int, kv_cache: str = "f16", *, target: str | None = None
+) -> int:
+    """The KV cache ``target`` (a registered target's name; None: every token on every
+    layer) allocates, as the planner predicts it from the target's KvCacheLayout."""
+    layout = get_target(target).kv_cache if target is not None else None
+    return _kv_cache_bytes(spec, tokens, kv_cache, layout=layout)
+
+
+def _kv_of_variant(spec: ModelSpec, target: str, context: int) -> int:
+    """The KV cache in load's admission memory for ``spec`` as a built ``target`` variant."""
+    t = get_target(target)
+    return memory_parts(
+        spec, t, t.units[0].formats[0], context=context, kv_cache="f16", unit_kind="cpu"
+    ).kv_cache_bytes
 
 
 def _spec(tmp_path: Path, name: str = "g", **changes: Any) -> ModelSpec:
@@ -162,11 +182,11 @@ def test_the_plan_predicts_the_windowed_cache_on_llama_cpp_only(tmp_path: Path) 
     assert q8.prediction.decode_tok_s_full < q8.prediction.decode_tok_s
 
 
-def test_bundle_estimate_follows_the_target(tmp_path: Path) -> None:
+def test_load_admission_follows_the_target(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
-    on_ov = estimate_memory(spec, weight_bytes=0, context=32768, target="openvino")
-    on_llama = estimate_memory(spec, weight_bytes=0, context=32768, target="llamacpp")
-    assert (on_ov.kv_cache, on_llama.kv_cache) == (576 * MIB, 111 * MIB)
+    on_ov = _kv_of_variant(spec, "openvino", 32768)
+    on_llama = _kv_of_variant(spec, "llamacpp", 32768)
+    assert (on_ov, on_llama) == (576 * MIB, 111 * MIB)
 
 
 # --- GGUF: the key llama.cpp reads ------------------------------------------------------
@@ -259,9 +279,9 @@ def gemma3_gguf(path: Path, layers: int = 6, **extra: Any) -> Path:
 def test_window_pattern_from_the_gguf(tmp_path: Path, extra: dict[str, Any], windowed: int) -> None:
     spec = inspect_model(gemma3_gguf(tmp_path / "g.gguf", **extra))
     assert attention_layers(spec).windowed == windowed
-    # a GGUF runs on llama.cpp: the bundle estimate windows it without being told
-    full = estimate_memory(spec, weight_bytes=0, context=8192, target="openvino").kv_cache
-    windowed_kv = estimate_memory(spec, weight_bytes=0, context=8192).kv_cache
+    # as a llama.cpp variant, load's admission check windows it
+    full = kv_cache_bytes(spec, 8192, target="openvino")
+    windowed_kv = _kv_of_variant(spec, "llamacpp", 8192)
     cells = 6 * 8192 if windowed == 0 else (6 - windowed) * 8192 + windowed * 1024
     assert (full, windowed_kv) == (6 * 8192 * 1024, cells * 1024)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from edgekit.converters import calibration
-from edgekit.converters.planner import Budgets, Plan, parse_size, parse_watts, plan
+from edgekit.converters.planner import Budgets, Plan, calibration, fitting, plan
 
 from edgekit.cli import main
+from edgekit.cli.plan_view import parse_size, parse_watts
 from edgekit.devices import GIB, load_profile
 from edgekit.errors import PlanError, SchemaError
 from edgekit.inspection import inspect_model
@@ -209,8 +209,8 @@ def test_parse_sizes_and_watts() -> None:
 # --- calibration -----------------------------------------------------------------------
 
 
-def _sample(key: str, x: float, y: float, mem: int | None = None) -> calibration.Sample:
-    return calibration.Sample(
+def _sample(key: str, x: float, y: float, mem: int | None = None) -> fitting.Sample:
+    return fitting.Sample(
         key=key,
         bytes_per_token=x,
         decode_s_per_token=y,
@@ -226,16 +226,15 @@ def _sample(key: str, x: float, y: float, mem: int | None = None) -> calibration
 
 
 def test_calibration_fits_a_known_line() -> None:
-    from edgekit.converters.predict import PRIORS
+    from edgekit.targets.registry import get_target
 
     # 0.2 ms per token + 1 ns per byte, at a nominal 10 GB/s: efficiency 0.1
     found = [
         _sample(str(i), x, 2e-4 + 1e-9 * x, mem=int(50e6 + 1.5 * x))
         for i, x in enumerate((1e6, 1e8))
     ]
-    c = calibration.fit(
-        PRIORS[("openvino", "cpu")], found, bandwidth_gbps=10, peak_tflops=None, vocab_term_bytes=0
-    )
+    prior = get_target("openvino").unit("cpu").priors  # type: ignore[union-attr]
+    c = fitting.fit(prior, found, bandwidth_gbps=10, peak_tflops=None, vocab_term_bytes=0)
     assert c.basis == "calibrated"
     assert c.token_overhead_s == pytest.approx(2e-4, rel=1e-6)
     assert c.bandwidth_efficiency == pytest.approx(0.1, rel=1e-6)
@@ -333,7 +332,7 @@ def test_within_a_tier_requantizing_up_ranks_after_what_does_not(
     """A source type edgekit does not plan (Q5_1 here) has no as-is candidate: the pick
     then says it requantizes up; and in a tier, a faster candidate that requantizes up
     still ranks after one that does not."""
-    from edgekit.converters.planner import _rank
+    from edgekit.converters.planner.ranking import rank
 
     q4 = specs["smollm2"]
     q5 = replace(
@@ -353,4 +352,4 @@ def test_within_a_tier_requantizing_up_ranks_after_what_does_not(
     own, up = by[("llamacpp", "Q4_1")], by[("llamacpp", "Q6_K")]
     assert own.quality_tier == up.quality_tier
     faster_up = replace(up, prediction=replace(up.prediction, decode_tok_s=1e9))
-    assert sorted([faster_up, own], key=_rank) == [own, faster_up]
+    assert sorted([faster_up, own], key=rank) == [own, faster_up]

@@ -73,7 +73,7 @@ class FakeSession:
         self.cancelled.set()
 
     def chat_stream(self, history: list[dict[str, str]], **_: Any) -> Any:
-        from edgekit.targets.base import StreamChunk
+        from edgekit.targets.values import StreamChunk
 
         self.cancelled.clear()
         self.seen.append([dict(m) for m in history])

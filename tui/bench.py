@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from edgekit.tui.shown import cell, content, plain
-from textual import work
+from edgekit.tui.workers import background, report_failure
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.widgets import Button, ProgressBar, Select, Static
+from textual.worker import Worker
 from textual_plotext import PlotextPlot
 
 from edgekit.atomic import write_atomic
@@ -27,15 +30,28 @@ if TYPE_CHECKING:
 
 # What the Bench tab runs: short enough to watch, long enough to settle.
 BENCH_SETTINGS = {"prompt_lengths": (128, 512), "gen_tokens": 128, "repeats": 2, "warmup": 1}
+REDRAW_S = 0.25  # the charts are redrawn at most this often while samples stream in
 
 
 class BenchPane(Vertical):
     """r and s are the app's keys (they work from any tab)."""
 
+    class Live(Message):
+        """A live sample or a step done, posted from the benchmark's thread: the
+        benchmark never waits for the screen (a wait inside its decode loop would slow
+        what it measures)."""
+
+        def __init__(self, sample: LiveSample | None, step: ProgressEvent | None) -> None:
+            super().__init__()
+            self.sample = sample
+            self.step = step
+
     def __init__(self) -> None:
         super().__init__()
         self._stop_event = threading.Event()
         self._benchmarking = False
+        self._drawn_at = 0.0
+        self._redraw_due = False
         self.decode: list[tuple[float, float]] = []  # (t, tok/s)
         self.watts: list[tuple[float, float]] = []
         self.stats: dict[str, str] = {}
@@ -63,7 +79,7 @@ class BenchPane(Vertical):
         self.redraw()
 
     def show_bundle(self) -> None:
-        from edgekit.bundle import open_bundle
+        from edgekit.bundle_open import open_bundle
 
         bundle = self.edgekit.sources.bundle
         info = self.query_one("#bench-bundle", Static)
@@ -123,7 +139,7 @@ class BenchPane(Vertical):
         if self._benchmarking:
             self._stop_event.set()
 
-    @work(thread=True, exclusive=True, group="bench")
+    @background("bench")
     def run_bench(self, bundle: Path, variant: str | None) -> None:
         from edgekit.bench import bench
 
@@ -131,17 +147,13 @@ class BenchPane(Vertical):
             result = bench(
                 bundle,
                 variant=variant,
-                progress=lambda e: self.app.call_from_thread(self.on_progress, e),
-                live=lambda s: self.app.call_from_thread(self.on_live, s),
+                progress=lambda e: self._post(None, e),
+                live=lambda s: self._post(s, None),
                 stop=self._stop_event,
                 **BENCH_SETTINGS,  # type: ignore[arg-type]
             )
         except BenchStoppedError:
             self.app.call_from_thread(self.finished, None, "stopped")
-            return
-        except EdgekitError as exc:
-            self.app.call_from_thread(self.edgekit.report, exc, title="bench")
-            self.app.call_from_thread(self.finished, None, "failed")
             return
         path = self.save(result)
         # Compare has the result before the status says done
@@ -150,8 +162,7 @@ class BenchPane(Vertical):
 
     def save(self, result: BenchResult) -> Path:
         """Keep the result for the Compare tab (and feed the planner's calibration)."""
-        from edgekit.converters.calibration import record_bench
-
+        from edgekit.bench_results import record_calibration
         from edgekit.probe import probe_host
 
         folder = self.edgekit.sources.results
@@ -159,15 +170,32 @@ class BenchPane(Vertical):
         path = folder / f"{stamp}-{_file_name(result.variant)}.json"
         write_atomic(path, json.dumps(result.to_dict(), indent=2))
         try:
-            record_bench(result, probe_host().profile)
-        except EdgekitError as exc:
+            record_calibration(result, probe_host().profile)
+        except Exception as exc:  # noqa: BLE001 - the result is saved: calibration is extra
             self.app.call_from_thread(self.edgekit.report, exc, title="calibration")
         return path
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A failed benchmark or pack (anything it raised) is a notification; the tab is
+        ready to run again."""
+        if report_failure(self.edgekit, event) == "bench":
+            self.finished(None, "failed")
 
     def on_progress(self, event: ProgressEvent) -> None:
         bar = self.query_one("#bench-progress", ProgressBar)
         bar.update(total=event.total or None, progress=event.done)
         self.stats["step"] = event.detail
+
+    def _post(self, sample: LiveSample | None, step: ProgressEvent | None) -> None:
+        self.post_message(self.Live(sample, step))  # thread-safe, and it does not wait
+
+    def on_bench_pane_live(self, message: Live) -> None:
+        if not self._benchmarking:  # what arrives after the end is not shown
+            return
+        if message.step is not None:
+            self.on_progress(message.step)
+        if message.sample is not None:
+            self.on_live(message.sample)
 
     def on_live(self, sample: LiveSample) -> None:
         if sample.tok_s is not None and sample.phase == "decode":
@@ -183,7 +211,16 @@ class BenchPane(Vertical):
         if sample.watts is not None:
             kind = "measured" if sample.watts_measured else "estimated"
             self.stats["power"] = f"{sample.watts:.1f} W ({kind})"
-        self.redraw()
+        self._redraw_soon()
+
+    def _redraw_soon(self) -> None:
+        """Redraw now, or (drawn less than REDRAW_S ago) once when that time is up."""
+        wait = self._drawn_at + REDRAW_S - time.monotonic()
+        if wait <= 0:
+            self.redraw()
+        elif not self._redraw_due:
+            self._redraw_due = True
+            self.set_timer(wait, self.redraw)
 
     def finished(self, result: BenchResult | None, status: str) -> None:
         self._benchmarking = False
@@ -197,6 +234,7 @@ class BenchPane(Vertical):
         self.redraw()
 
     def redraw(self) -> None:
+        self._drawn_at, self._redraw_due = time.monotonic(), False
         order = ("status", "step", "TTFT", "prefill", "decode", "memory", "power")
         shown = [k for k in order if k in self.stats]
         # a step's detail names a variant or a file: each value is plain text
@@ -220,31 +258,27 @@ class BenchPane(Vertical):
                 plt.plot([t for t, _ in series], [v for _, v in series], marker="braille")
             plot.refresh()
 
-    @work(thread=True, exclusive=True, group="pack")
+    @background("pack")
     def pack_for_host(self) -> None:
         """Pack the plan's pick for this host into the cache and use it."""
-        from edgekit.converters.planner import plan_for, variant_request
+        from edgekit.converters.planner import plan_for
 
-        from edgekit.bundle import pack
+        from edgekit.bundle import VariantRequest, pack
 
         sources = self.edgekit.sources
         model = sources.plan_model()
         out = sources.results.parent / "tui-bundles" / f"{model.stem}-host"
-        try:
-            request = variant_request(plan_for(model, "host"))
-            self.app.call_from_thread(
-                self.edgekit.say, f"packing {request.target} {request.quant} for this host"
-            )
-            pack(
-                model,
-                out,
-                [request],
-                force=True,
-                progress=lambda e: self.app.call_from_thread(self.on_progress, e),
-            )
-        except EdgekitError as exc:
-            self.app.call_from_thread(self.edgekit.report, exc, title="pack")
-            return
+        request = VariantRequest.from_plan(plan_for(model, "host"))
+        self.app.call_from_thread(
+            self.edgekit.say, f"packing {request.target} {request.quant} for this host"
+        )
+        pack(
+            model,
+            out,
+            [request],
+            force=True,
+            progress=lambda e: self.app.call_from_thread(self.on_progress, e),
+        )
         self.app.call_from_thread(self.edgekit.bundle_changed, out)
 
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from edgekit.converters.planner import COLUMNS
+from edgekit.converters.planner import (
+    DEFAULT_CONTEXT,
+    Budgets,
+    Plan,
+    describe,
+    plan,
+    resolve_device,
+    with_budget_defaults,
+)
 from edgekit.tui.shown import cell, content, plain_lines
 from textual import work
 from textual.app import ComposeResult
@@ -12,12 +20,13 @@ from textual.containers import Horizontal, Vertical
 from textual.timer import Timer
 from textual.widgets import DataTable, Input, Label, Static
 
+from edgekit.cli.plan_view import COLUMNS, candidate_cells, parse_size, parse_watts
 from edgekit.devices import DeviceProfile
-from edgekit.errors import EdgekitError
+from edgekit.errors import EdgekitError, PlanError
+from edgekit.inspection import inspect_model
 from edgekit.modelspec import ModelSpec
 
 if TYPE_CHECKING:
-    from edgekit.converters.planner import Budgets, Plan
     from edgekit.tui.app import EdgekitApp
 
 # input id -> (label, placeholder)
@@ -68,9 +77,6 @@ class PlanPane(Vertical):
         Raises:
             PlanError: a field that is not a size, a power or a number.
         """
-        from edgekit.converters.planner import DEFAULT_CONTEXT, Budgets, parse_size, parse_watts
-
-        from edgekit.errors import PlanError
 
         def text(key: str) -> str:
             return self.query_one(f"#budget-{key}", Input).value.strip()
@@ -105,10 +111,6 @@ class PlanPane(Vertical):
 
     @work(thread=True, exclusive=True, group="plan")
     def plan_in_background(self, budgets: Budgets) -> None:
-        from edgekit.converters.planner import plan, resolve_device, with_budget_defaults
-
-        from edgekit.inspection import inspect_model
-
         sources = self.edgekit.sources
         try:
             if self._spec is None:
@@ -125,8 +127,6 @@ class PlanPane(Vertical):
         self.app.call_from_thread(self.show, result)
 
     def show(self, result: Plan) -> None:
-        from edgekit.converters.planner import candidate_cells, describe
-
         b = result.budgets
         # the model's and the device's names come from their files: plain text in markup
         self.query_one("#plan-summary", Static).update(

@@ -46,7 +46,7 @@ class Sources:
 
 def _bundle_model(bundle: Path) -> Path | None:
     """The bundle's source model if it is still on disk, else its first variant's file."""
-    from edgekit.bundle import open_bundle
+    from edgekit.bundle_open import open_bundle
     from edgekit.errors import EdgekitError
 
     try:

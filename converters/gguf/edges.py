@@ -154,6 +154,7 @@ EDGES: tuple[Edge, ...] = (
         check=_check_from_hf,
         run=_run_from_hf,
         describe="HF folder -> GGUF (edgekit's writer; quantized by llama.cpp's quantizer)",
+        tools=("gguf", "llama-cpp-python"),
     ),
     Edge(
         source="gguf",
@@ -161,6 +162,7 @@ EDGES: tuple[Edge, ...] = (
         check=_check_requantize,
         run=_run_requantize,
         describe="GGUF -> GGUF quantized (llama.cpp's quantizer; requantizing stacks errors)",
+        tools=("llama-cpp-python",),
     ),
     Edge(
         source="gguf",
@@ -168,5 +170,6 @@ EDGES: tuple[Edge, ...] = (
         check=_check_to_hf,
         run=_run_to_hf,
         describe="GGUF -> HF folder (dequantized to float32 safetensors)",
+        tools=("gguf",),
     ),
 )

@@ -86,5 +86,6 @@ EDGES: tuple[Edge, ...] = (
         check=_check_export,
         run=_run_export,
         describe="HF folder -> OpenVINO IR (optimum-intel export, NNCF weight compression)",
+        tools=("optimum-intel", "nncf", "openvino"),
     ),
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -13,15 +14,32 @@ from edgekit.cli.progress import progress_bars
 from edgekit.manifest import Manifest
 
 
+class _RegistryDefault(click.Option):
+    """An option whose default is the registry's default target, looked up only when it
+    is needed (help, or a pack without --target): listing the targets imports them."""
+
+    def get_default(self, ctx: click.Context, call: bool = True) -> Any:
+        from edgekit.targets.registry import default_target
+
+        return default_target().name
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from edgekit.errors import TargetError
+
+        try:
+            self.show_default = str(self.get_default(ctx))
+        except TargetError:  # no runnable target installed: help still shows
+            self.show_default = "none installed"
+        return super().get_help_record(ctx)
+
+
 @main.command("pack")
 @click.argument("model", required=False, type=click.Path(path_type=Path))
-@click.option(
-    "--target", default="llamacpp", show_default=True, help="Runtime target of the variants."
-)
+@click.option("--target", cls=_RegistryDefault, help="Runtime target of the variants.")
 @click.option(
     "--quant",
     help="Quantization [default: Q4_K_M]; several, comma-separated, make several variants, "
-    "each optionally TARGET:QUANT (Q4_K_M,Q8_0,openvino:INT4).",
+    "each optionally TARGET:QUANT for another target than --target (Q4_K_M,Q8_0,TARGET:INT4).",
 )
 @click.option(
     "--device",
@@ -73,15 +91,17 @@ def pack_command(
         if quant is not None:
             raise click.UsageError("pass --quant or --device, not both")
         from edgekit.cli.plan_cmd import budgets_from, render_plan
-        from edgekit.converters.planner import plan_for, variant_request
+        from edgekit.converters.planner import plan_for
 
         budgets = budgets_from(memory, power, context, min_tps, max_quality_loss, "f16")
         planned = plan_for(source, device, budgets)
         if not as_json:
             render_plan(planned, render.console(stderr=True))
-        requests.append(variant_request(planned, recipe=recipe))
+        requests.append(VariantRequest.from_plan(planned, recipe=recipe))
         max_quality_loss = None  # the plan held the formats to it; no second evaluation
-    for item in (q.strip() for q in (quant or ("Q4_K_M" if device is None else "")).split(",")):
+    if not quant and device is None:  # the request's default quantization
+        requests.append(VariantRequest(target=target, recipe=recipe, context=context))
+    for item in (q.strip() for q in (quant or "").split(",")):
         if item:
             variant_target, _, variant_quant = item.rpartition(":")
             requests.append(
@@ -123,7 +143,7 @@ def pack_command(
 @json_option
 def verify_command(bundle: Path, fast: bool, as_json: bool) -> None:
     """Check a bundle's manifest, file sizes and sha256 checksums."""
-    from edgekit.bundle import open_bundle, verify_bundle
+    from edgekit.bundle_open import open_bundle, verify_bundle
 
     opened = open_bundle(bundle)
     verify_bundle(opened.folder, opened.manifest, checksums=not fast)
@@ -150,7 +170,7 @@ def schema_command(kind: str) -> None:
     """Print the JSON Schema of bundle manifests (docs/bundle.schema.json) or of bench
     results (docs/bench.schema.json)."""
     if kind == "bench":
-        from edgekit.bench import json_schema as bench_schema
+        from edgekit.bench_results import json_schema as bench_schema
 
         emit_json(bench_schema())
         return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 from rich import box
@@ -11,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from edgekit.cli import emit_json, json_option, main, render
-
-if TYPE_CHECKING:
-    from edgekit.converters.planner import Budgets, Plan
+from edgekit.cli.plan_view import COLUMNS, TEXT_COLUMNS, candidate_cells, parse_size, parse_watts
+from edgekit.converters.planner import DEFAULT_CONTEXT, Budgets, Plan, plan_for
+from edgekit.default_model import default_model_path
 
 
 def budget_options(f: click.decorators.FC) -> click.decorators.FC:
@@ -50,8 +49,6 @@ def budgets_from(
     max_quality_loss: float | None,
     kv_cache: str,
 ) -> Budgets:
-    from edgekit.converters.planner import DEFAULT_CONTEXT, Budgets, parse_size, parse_watts
-
     return Budgets(
         memory_bytes=parse_size(memory) if memory else None,
         watts=parse_watts(power) if power else None,
@@ -92,9 +89,6 @@ def plan_command(
     MODEL is a .gguf file, a Hugging Face folder, or a folder (or config.json) with only a
     config: no weights are needed. Without MODEL, plans the embedded default model.
     """
-    from edgekit.converters.planner import plan_for
-    from edgekit.default_model import default_model_path
-
     budgets = budgets_from(memory, power, ctx, min_tps, max_quality_loss, kv_cache)
     result = plan_for(model if model is not None else default_model_path(), device, budgets)
     if as_json:
@@ -104,8 +98,6 @@ def plan_command(
 
 
 def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> None:
-    from edgekit.converters.planner import COLUMNS, TEXT_COLUMNS, candidate_cells
-
     b = result.budgets
     # the model's and the device's names come from their files: plain Text pieces
     console.print(

@@ -1,26 +1,20 @@
-"""A first estimate of the memory a loaded model takes: weights + KV cache + runtime.
+"""Memory a loaded model takes: weights x residency + KV cache + runtime buffers.
 
-    weights   the variant's files (memory-mapped; every page is touched when generating)
+    weights   the variant's tensors (``Format.layout`` planned, ``Format.built_layout``
+              of a built file) x the runtime's resident bytes per weight byte
     KV cache  2 (K and V) x KV heads x head dim x bytes per element, summed over layers of
-              the positions each layer holds (below)
-    runtime   48 MiB + vocabulary x 4 bytes x 64 (compute and output buffers)
+              the positions each layer holds (below), x the runtime's copies and padding
+    runtime   the target's buffers and libraries (``Coefficients.runtime_bytes``)
+
+``resident_bytes`` is the one formula: the planner, pack's predicted figures, load's
+admission check and calibration all call it.
 
 Positions per layer. A layer with full attention holds the whole context. A layer with a
 sliding window (Gemma 3: five of every six layers attend to the last 512 or 1024 tokens)
-needs only the window, but only a runtime that implements it allocates less:
-
-    llama.cpp   the gemma3 graph's iSWA cache (llama-kv-cache-iswa.cpp, ``swa_full`` off):
-                pad256(min(pad256(ctx), window + n_ubatch)) cells on windowed layers and
-                pad256(ctx) on the others. Its phi3 graph disables the window and its
-                llama (Mistral) and qwen2 graphs have none: full cache on every layer.
-    MLX         mlx-lm's gemma3 cache: a rotating buffer of the window on windowed layers.
-    others      (OpenVINO's stateful KV cache, QNN, TensorRT): the whole context on every
-                layer, window or not.
-
-The runtime term was fitted on this project's machine: SmolLM2-135M Q4_1 under llama.cpp
-measured 170.6 / 254.6 / 349.0 MB above the process baseline at contexts 512 / 4096 /
-8192, against 171.2 / 254.6 / 349.0 MB estimated. The planner refines it with
-measurements (calibration); until then it is labelled an estimate wherever it is shown.
+needs only the window, but only a runtime that implements it allocates less: a target
+says so in its ``KvCacheLayout`` (the families whose windowed layers it keeps at the
+window, the padding of its cells, the positions a windowed layer holds beyond the
+window). Every other target holds the whole context on every layer, window or not.
 """
 
 from __future__ import annotations
@@ -30,8 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekit.targets.contract import Coefficients, KvCacheLayout
+from edgekit.targets.registry import all_targets
+
 from edgekit.errors import ModelFormatError
+from edgekit.gguf_header import read_gguf_header
 from edgekit.modelspec import ModelSpec
+from edgekit.untrusted import parse_json
 
 # KV-cache type -> bytes per element (block types include their scales)
 KV_BYTES: dict[str, float] = {
@@ -45,23 +44,15 @@ KV_BYTES: dict[str, float] = {
     "q4_0": 18 / 32,
     "iq4_nl": 18 / 32,
 }
-RUNTIME_BASE = 48 << 20
-OUTPUT_BUFFER_ROWS = 64
-
-# Targets whose runtime keeps only the window on sliding-window layers, and the families
-# whose graph there implements the window (see the module docstring).
-WINDOWED_KV: dict[str, frozenset[str]] = {
-    "llamacpp": frozenset({"gemma3"}),
-    "mlx": frozenset({"gemma3"}),
-}
-# llama.cpp pads the context, and the sliding-window cache, to 256 cells, and a windowed
-# layer holds one micro-batch (n_ubatch, 512 in llama-cpp-python) beyond the window.
-LLAMACPP_KV_PAD = 256
-LLAMACPP_UBATCH = 512
 # Gemma 3's layout when the model says nothing: every sixth layer global (transformers'
 # Gemma3TextConfig default; llama.cpp's load_swa_pattern(ml, 6) for gemma3).
 DEFAULT_SWA_PATTERN = {"gemma3": 6}
 _CONFIG_MAX_BYTES = 4 << 20  # a config.json is a few kilobytes
+
+
+def resident_bytes(weights_bytes: int, kv_bytes: int, c: Coefficients) -> int:
+    """Resident memory of a loaded model: weights x residency + KV x scale + runtime."""
+    return int(weights_bytes * c.weight_residency + kv_bytes * c.kv_scale) + c.runtime_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,49 +72,43 @@ class AttentionLayers:
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class MemoryEstimate:
-    weights: int
-    kv_cache: int
-    runtime: int
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.kv_cache + self.runtime
+def windowed_families() -> frozenset[str]:
+    """The families some registered target keeps a windowed KV cache for."""
+    return frozenset().union(*(t.kv_cache.windowed_families for t in all_targets()))
 
 
 def attention_layers(spec: ModelSpec) -> AttentionLayers:
     """Which layers of ``spec`` have a sliding window, from the model's own metadata:
     config.json's ``layer_types`` or ``sliding_window_pattern``, or the GGUF's
     ``{arch}.attention.sliding_window_pattern`` (what llama.cpp reads), else the family's
-    default pattern. Only families whose windowed cache some runtime implements (Gemma 3)
-    are looked up; for the others the pattern changes no prediction.
+    default pattern. Only families whose windowed cache some target implements are looked
+    up; for the others the pattern changes no prediction.
 
     Raises:
         ModelFormatError: the pattern in the model's metadata is malformed.
     """
     window = spec.sliding_window
-    if not window or not any(spec.family in f for f in WINDOWED_KV.values()):
+    if not window or spec.family not in windowed_families():
         return AttentionLayers(full=spec.layers, windowed=0, window=None)
-    pattern = _pattern(spec)
-    windowed = sum(pattern)
+    windowed = sum(_pattern(spec))
     return AttentionLayers(full=spec.layers - windowed, windowed=windowed, window=window)
 
 
 def kv_positions(
-    spec: ModelSpec, tokens: int, target: str | None, *, allocated: bool = True
+    spec: ModelSpec, tokens: int, layout: KvCacheLayout | None, *, allocated: bool = True
 ) -> tuple[int, int]:
-    """(positions a full-attention layer holds, positions a windowed layer holds) when
-    ``target`` runs ``spec`` with ``tokens`` in the context. ``allocated``: what the
-    runtime allocates (llama.cpp's padding and micro-batch included); otherwise the
-    positions a decode step reads. ``target=None``: every layer holds every token."""
-    pad = allocated and target == "llamacpp"
-    full = _pad(tokens, LLAMACPP_KV_PAD) if pad else tokens
+    """(positions a full-attention layer holds, positions a windowed layer holds) when a
+    runtime whose cache is ``layout`` runs ``spec`` with ``tokens`` in the context.
+    ``allocated``: what the runtime allocates (its padding and the positions beyond the
+    window included); otherwise the positions a decode step reads. ``layout=None``: every
+    layer holds every token."""
+    pad = layout.pad if allocated and layout is not None else 1
+    full = _pad(tokens, pad)
     layers = attention_layers(spec)
-    if layers.window is None or spec.family not in WINDOWED_KV.get(target or "", ()):
+    if layout is None or layers.window is None or spec.family not in layout.windowed_families:
         return full, full
-    if pad:
-        return full, _pad(min(full, layers.window + LLAMACPP_UBATCH), LLAMACPP_KV_PAD)
+    if allocated:
+        return full, _pad(min(full, layers.window + layout.window_extra), pad)
     return full, min(full, layers.window)
 
 
@@ -132,35 +117,18 @@ def kv_cache_bytes(
     tokens: int,
     kv_cache: str = "f16",
     *,
-    target: str | None = None,
+    layout: KvCacheLayout | None = None,
     allocated: bool = True,
 ) -> int:
-    """Bytes of the KV cache ``target`` holds for ``spec`` with ``tokens`` in the context
-    (``allocated=False``: the bytes a decode step reads; ``target=None``: every token on
-    every layer)."""
+    """Bytes of the KV cache a runtime whose cache is ``layout`` holds for ``spec`` with
+    ``tokens`` in the context (``allocated=False``: the bytes a decode step reads;
+    ``layout=None``: every token on every layer)."""
     per_position = 2 * spec.kv_heads * spec.head_dim * KV_BYTES.get(kv_cache, 2.0)
-    full, windowed = kv_positions(spec, tokens, target, allocated=allocated)
+    full, windowed = kv_positions(spec, tokens, layout, allocated=allocated)
     if full == windowed:
         return int(spec.layers * full * per_position)
     layers = attention_layers(spec)
     return int((layers.full * full + layers.windowed * windowed) * per_position)
-
-
-def estimate_memory(
-    spec: ModelSpec,
-    *,
-    weight_bytes: int,
-    context: int,
-    kv_cache: str = "f16",
-    target: str | None = None,
-) -> MemoryEstimate:
-    """``target`` is the runtime the variant runs on; None infers it from the file (a GGUF
-    runs on llama.cpp; anything else holds the whole context on every layer)."""
-    if target is None and spec.format == "gguf":
-        target = "llamacpp"
-    kv = kv_cache_bytes(spec, context, kv_cache, target=target)
-    runtime = RUNTIME_BASE + spec.vocab_size * 4 * OUTPUT_BUFFER_ROWS
-    return MemoryEstimate(weights=weight_bytes, kv_cache=kv, runtime=runtime)
 
 
 def _pad(n: int, to: int) -> int:
@@ -186,8 +154,6 @@ def _pattern_of_file(
     path: str, _mtime: int, _size: int, fmt: str, arch: str, family: str, layers: int
 ) -> tuple[bool, ...]:
     if fmt == "gguf":
-        from edgekit.gguf_header import read_gguf_header
-
         value = read_gguf_header(path).get(f"{arch}.attention.sliding_window_pattern")
         where = f"{path}: {arch}.attention.sliding_window_pattern"
         if value is None:
@@ -210,8 +176,6 @@ def _pattern_of_file(
 
 
 def _hf_text_config(folder: Path) -> dict[str, Any]:
-    from edgekit.untrusted import parse_json
-
     file = folder / "config.json" if folder.is_dir() else folder
     config = parse_json(
         file.read_bytes(), where=str(file), max_bytes=_CONFIG_MAX_BYTES, error=ModelFormatError

@@ -1,10 +1,11 @@
-"""Expected quality loss per format: a table measured on a real model, refined locally.
+"""Expected quality loss per format: the format packages' figures, refined locally.
 
 The loss is the mean KL divergence (nats per token) of a format's next-token distributions
-from the source model's, by edgekit's method (docs/accuracy.md). The built-in table was
-measured on SmolLM2-135M (benchmarks/quality_table.py); every ``edgekit eval`` run stores
-its measurement in a small local file, which then takes precedence for that target and
-format. The planner reads ``expected_kl``.
+from the source model's, by edgekit's method (docs/accuracy.md). Each format package
+states its quantizations' expected loss (``Format.quants[...].expected_kl``, measured on
+SmolLM2-135M by benchmarks/quality_table.py, or taken from the closest measured format);
+every ``edgekit eval`` run stores its measurement in a small local file, which then takes
+precedence for that target and format. The planner reads ``expected_kl``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+
+from edgekit.targets.registry import all_targets
 
 from edgekit.atomic import write_atomic
 from edgekit.cache import cache_root
@@ -21,24 +24,7 @@ from edgekit.untrusted import clean_text, parse_json
 
 MAX_FILE_BYTES = 1 << 20  # (target, format) pairs: a few hundred bytes
 _DELETE_IT = "delete it; the next `edgekit eval` writes a new one"
-
-# (target, format) -> mean KL vs the source, SmolLM2-135M, 8 x 512-token windows of the
-# shipped text (benchmarks/quality_table.py; the reference is the float32 export).
-MEASURED_KL: dict[tuple[str, str], float] = {
-    ("llamacpp", "Q8_0"): 0.00357,
-    ("llamacpp", "Q6_K"): 0.00836,
-    ("llamacpp", "Q5_K_M"): 0.06512,
-    ("llamacpp", "Q5_K_S"): 0.07473,
-    ("llamacpp", "Q4_K_M"): 0.0449,
-    ("llamacpp", "Q4_K_S"): 0.05081,
-    ("llamacpp", "Q4_0"): 0.24878,
-    ("llamacpp", "IQ4_NL"): 0.16704,
-    ("llamacpp", "Q3_K_M"): 0.11113,
-    ("llamacpp", "Q2_K"): 0.34359,
-    ("openvino", "INT8"): 0.00544,
-    ("openvino", "INT4"): 0.30513,
-    ("openvino", "INT4_SYM"): 0.69138,
-}
+LOCAL_SOURCE = "measured here (edgekit eval)"
 
 
 def calibration_file() -> Path:
@@ -84,14 +70,16 @@ def record(target: str, fmt: str, kl_mean: float) -> None:
 
 
 def expected_kl(target: str, fmt: str) -> tuple[float | None, str]:
-    """The expected mean KL of a format and where the figure comes from."""
+    """The expected mean KL of ``target``'s format ``fmt`` and where the figure comes from:
+    a local measurement, else the format package's figure (None, "unknown": neither)."""
     local = _local().get(f"{target}:{fmt}")
     if local is not None:
-        return local, "measured here (edgekit eval)"
-    table = MEASURED_KL.get((target, fmt))
-    if table is not None:
-        return table, "table (SmolLM2-135M)"
-    return None, "unknown"
+        return local, LOCAL_SOURCE
+    found = next((t for t in all_targets() if t.name == target), None)
+    quant = found.format.quant(fmt) if found is not None else None
+    if quant is None or quant.expected_kl is None:
+        return None, "unknown"
+    return quant.expected_kl, quant.kl_source
 
 
 def next_larger_meeting(

@@ -1,0 +1,158 @@
+"""Load's admission check: does a built variant fit the memory this host has now?
+
+The same predictor as the plan: weights from the variant's own layout
+(``Format.built_layout``) x the target's residency, the KV cache the target allocates at
+the context, and its runtime buffers (``memory.resident_bytes``), on the compute unit the
+variant is loaded on. ``edgekit plan`` decides fit for the same variant, context and KV
+type with the same formula, so a variant the plan rejects for a device is one load
+refuses on a host whose free memory is that device's limit (tests/test_one_predictor.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgekit.converters.planner import calibration
+from edgekit.converters.planner.fitting import fit
+from edgekit.converters.planner.memory import kv_cache_bytes, resident_bytes
+from edgekit.targets.contract import Coefficients, Target
+
+from edgekit.devices import GIB
+from edgekit.errors import TargetError
+from edgekit.modelspec import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fit:
+    """A variant's predicted resident memory against the memory it may use."""
+
+    memory_bytes: int
+    limit_bytes: int
+    fits: bool
+    why: str  # one line: what it needs against what there is
+
+
+def load_unit(target: type[Target], device: str) -> str:
+    """The kind of compute unit ``edgekit.load(device=...)`` puts ``target`` on: the one
+    named, else (``auto``) the CPU where the target runs on one, else its first unit."""
+    kinds = [u.kind for u in target.units]
+    if device in kinds:
+        return device
+    if not kinds:
+        raise TargetError(f"{target.display_name} declares no compute unit")
+    return "cpu" if "cpu" in kinds else kinds[0]
+
+
+def variant_coefficients(
+    spec: ModelSpec, target: type[Target], unit_kind: str, *, calibrate_for: str | None = None
+) -> Coefficients:
+    """The target's first estimates on ``unit_kind``, refitted to the samples stored for
+    ``calibrate_for`` (a calibration device key) when given.
+
+    Raises:
+        TargetError: the target does not run on a unit of that kind.
+    """
+    prior = target.priors(unit_kind, spec)
+    if calibrate_for is None:
+        return prior
+    # Memory is all admission needs: the fit of residency and runtime bytes needs no
+    # bandwidth or peak compute.
+    found = calibration.samples(calibrate_for, target.name, unit_kind)
+    return fit(
+        prior,
+        found,
+        bandwidth_gbps=None,
+        peak_tflops=None,
+        vocab_term_bytes=target.vocab_runtime_bytes(unit_kind, spec),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariantMemory:
+    """A built variant's predicted memory, and what it is made of."""
+
+    weights_bytes: int  # the variant's tensors
+    kv_cache_bytes: int  # as the target allocates it at the context
+    runtime_bytes: int
+    memory_bytes: int  # resident: weights x residency + KV x scale + runtime
+
+
+def memory_parts(
+    spec: ModelSpec,
+    target: type[Target],
+    quant: str,
+    *,
+    context: int,
+    kv_cache: str,
+    unit_kind: str,
+    calibrate_for: str | None = None,
+) -> VariantMemory:
+    """Predicted memory of the built variant ``spec`` (its file or folder, inspected) of
+    ``target`` in ``quant``, loaded on ``unit_kind`` at ``context``, part by part."""
+    c = variant_coefficients(spec, target, unit_kind, calibrate_for=calibrate_for)
+    weights = target.format.built_layout(spec, quant).total_bytes
+    kv = kv_cache_bytes(spec, context, kv_cache, layout=target.kv_cache)
+    return VariantMemory(
+        weights_bytes=weights,
+        kv_cache_bytes=kv,
+        runtime_bytes=c.runtime_bytes,
+        memory_bytes=resident_bytes(weights, kv, c),
+    )
+
+
+def variant_memory(
+    spec: ModelSpec,
+    target: type[Target],
+    quant: str,
+    *,
+    context: int,
+    kv_cache: str,
+    unit_kind: str,
+    calibrate_for: str | None = None,
+) -> int:
+    """Predicted resident bytes of a built variant (``memory_parts``): what load admits
+    by, and what pack records as a variant's predicted memory when no plan predicted it."""
+    return memory_parts(
+        spec,
+        target,
+        quant,
+        context=context,
+        kv_cache=kv_cache,
+        unit_kind=unit_kind,
+        calibrate_for=calibrate_for,
+    ).memory_bytes
+
+
+def load_fit(
+    spec: ModelSpec,
+    target: type[Target],
+    quant: str,
+    *,
+    context: int,
+    kv_cache: str,
+    available_bytes: int,
+    unit_kind: str,
+    calibrate_for: str | None = None,
+) -> Fit:
+    """Whether the built variant ``spec`` fits ``available_bytes``, by the plan's formula.
+
+    Raises:
+        TargetError: the target does not run on a unit of ``unit_kind``.
+        UnsupportedConversionError: ``quant`` is not one of the target's format's.
+    """
+    need = variant_memory(
+        spec,
+        target,
+        quant,
+        context=context,
+        kv_cache=kv_cache,
+        unit_kind=unit_kind,
+        calibrate_for=calibrate_for,
+    )
+    fits = need <= available_bytes
+    verdict = "fits" if fits else f"is {(need - available_bytes) / GIB:.2f} GiB short"
+    why = (
+        f"{target.name} {quant} needs {need / GIB:.2f} GiB at ctx {context} "
+        f"({unit_kind.upper()}); {available_bytes / GIB:.2f} GiB available: {verdict}"
+    )
+    return Fit(memory_bytes=need, limit_bytes=available_bytes, fits=fits, why=why)

@@ -1,0 +1,97 @@
+"""What a plan is made of: the budgets it is held to, its candidates, the plan itself."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from edgekit.converters.planner.predict import Prediction
+
+DEFAULT_CONTEXT = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budgets:
+    memory_bytes: int | None = None
+    watts: float | None = None
+    context: int = DEFAULT_CONTEXT
+    min_decode_tok_s: float | None = None
+    max_quality_loss: float | None = None  # mean KL, nats per token
+    kv_cache: str = "f16"
+
+
+NO_BUDGETS = Budgets()  # the device's own limits, the default context
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    target: str
+    unit: str  # cpu, gpu, npu
+    unit_name: str
+    format: str
+    power_mode: str | None
+    prediction: Prediction
+    memory_limit_bytes: int
+    memory_limit_why: str
+    quality_loss: float | None
+    quality_source: str
+    quality_tier: str
+    buildable: bool
+    build_note: str
+    rejections: tuple[str, ...]
+    storage: dict[str, int] = field(default_factory=dict)  # bytes per storage type
+    # From an already-quantized source: more bits per weight than the source stores
+    # (requantizing up recovers nothing of what the source's quantization lost).
+    requantizes_up: bool = False
+    quality_note: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return not self.rejections
+
+    @property
+    def label(self) -> str:
+        return f"{self.target} {self.format} on {self.unit.upper()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    model: str
+    family: str
+    parameters: int
+    parameters_source: str
+    device: str
+    device_display: str
+    budgets: Budgets
+    power_mode: str | None
+    candidates: tuple[Candidate, ...]  # ranked fits first, then rejections by memory
+    choice: Candidate | None  # the best candidate edgekit can build
+    best: Candidate | None  # the best overall, buildable or not
+    closest: Candidate | None  # when nothing fits: the smallest option
+    summary: str
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        def cand(c: Candidate | None) -> dict[str, Any] | None:
+            if c is None:
+                return None
+            data = asdict(c)
+            data["fits"] = c.fits
+            return data
+
+        return {
+            "model": self.model,
+            "family": self.family,
+            "parameters": self.parameters,
+            "parameters_source": self.parameters_source,
+            "device": self.device,
+            "device_display": self.device_display,
+            "budgets": asdict(self.budgets),
+            "power_mode": self.power_mode,
+            "summary": self.summary,
+            "notes": list(self.notes),
+            "choice": cand(self.choice),
+            "best": cand(self.best),
+            "closest": cand(self.closest),
+            "candidates": [cand(c) for c in self.candidates],
+        }

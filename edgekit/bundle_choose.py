@@ -1,0 +1,164 @@
+"""Which variant of a bundle ``edgekit.load`` runs: the one asked for, or the
+highest-quality one whose target runs here and that fits the memory available.
+
+Memory is admitted by ``edgekit.converters.planner.admission.load_fit``, the predictor
+``edgekit plan`` uses for the same variant, so load and plan agree on what fits.
+"""
+
+from __future__ import annotations
+
+from edgekit.bundle_open import verify_variants
+from edgekit.converters.planner.admission import Fit, load_fit, load_unit
+from edgekit.errors import InsufficientMemoryError, NoUsableVariantError
+from edgekit.inspection import inspect_model
+from edgekit.manifest import OpenedBundle, Variant
+from edgekit.targets.contract import Target
+from edgekit.targets.registry import get_target
+
+GB = 1e9
+UNKNOWN_BITS = 16.0  # a quantization the target's format does not list: ranked as float
+
+
+def unit_kind(target: type[Target], device: str) -> str:
+    """The compute unit ``device`` (edgekit.load's argument: auto, cpu, gpu, NPU, GPU.1,
+    ...) puts ``target`` on, as the planner names units."""
+    return load_unit(target, device.lower().split(".", 1)[0])
+
+
+def quality_rank(target: type[Target], quant: str) -> float:
+    """Bits per weight of a quantization: more bits, less loss."""
+    q = target.format.quant(quant)
+    return q.bits_per_weight if q is not None else UNKNOWN_BITS
+
+
+def variant_fit(
+    opened: OpenedBundle,
+    variant: Variant,
+    *,
+    available_bytes: int,
+    context: int | None = None,
+    device: str = "auto",
+) -> Fit:
+    """Whether ``variant`` at ``context`` (default: its runtime setting) fits in
+    ``available_bytes`` on the unit ``device`` selects, and what it is predicted to take.
+
+    Raises:
+        BundleIntegrityError: the variant's files are missing or of the wrong size.
+        TargetError: the variant's target is not installed.
+    """
+    verify_variants(opened.folder, (variant,), checksums=False)
+    target = get_target(variant.target)
+    return load_fit(
+        inspect_model(opened.variant_path(variant)),
+        target,
+        variant.quant,
+        context=context or variant.runtime.context,
+        kv_cache=variant.runtime.kv_cache,
+        available_bytes=available_bytes,
+        unit_kind=unit_kind(target, device),
+    )
+
+
+def _candidates(opened: OpenedBundle, requested: str | None, runnable: set[str]) -> list[Variant]:
+    """The requested variant, or every runnable one, highest quality first.
+
+    Raises:
+        NoUsableVariantError: the requested variant's (or every variant's) target cannot
+            run here.
+    """
+    manifest = opened.manifest
+    if requested is not None:
+        chosen = manifest.variant(requested)
+        if chosen.target not in runnable:
+            raise NoUsableVariantError(
+                f"variant {chosen.name} needs target {chosen.target!r}, which cannot run here",
+                hint="run `edgekit probe` to see the usable targets",
+            )
+        return [chosen]
+    candidates = sorted(
+        (v for v in manifest.variants if v.target in runnable),
+        key=lambda v: quality_rank(get_target(v.target), v.quant),
+        reverse=True,
+    )
+    if not candidates:
+        targets = ", ".join(sorted({v.target for v in manifest.variants}))
+        raise NoUsableVariantError(
+            f"no variant of {manifest.name} can run here (it has {targets})",
+            hint="install the target's extra, or pack a variant for a target this host has",
+        )
+    return candidates
+
+
+def choose_variant(
+    opened: OpenedBundle,
+    *,
+    requested: str | None,
+    available_bytes: int,
+    runnable: set[str],
+    context: int | None = None,
+    device: str = "auto",
+    force: bool = False,
+) -> Variant:
+    """The requested variant, or the highest-quality one this host can run and hold.
+
+    ``runnable``: the names of the targets usable here.
+
+    Raises:
+        NoUsableVariantError: no variant's target is installed and usable here.
+        InsufficientMemoryError: the chosen (or every) variant is predicted not to fit;
+            the message says by how much and which smaller variant would fit.
+    """
+    candidates = _candidates(opened, requested, runnable)
+    fits = [
+        (v, variant_fit(opened, v, available_bytes=available_bytes, context=context, device=device))
+        for v in candidates
+    ]
+    for v, fit in fits:
+        if fit.fits or force:
+            return v
+    raise _too_large(opened, *fits[0], runnable, available_bytes, context, device)
+
+
+def _too_large(
+    opened: OpenedBundle,
+    variant: Variant,
+    fit: Fit,
+    runnable: set[str],
+    available_bytes: int,
+    context: int | None,
+    device: str,
+) -> InsufficientMemoryError:
+    """The refusal of ``variant``: by how much it is short, and what would fit instead."""
+    fitting = [
+        (o.name, f.memory_bytes)
+        for o in opened.manifest.variants
+        if o.target in runnable
+        and (
+            f := variant_fit(
+                opened, o, available_bytes=available_bytes, context=context, device=device
+            )
+        ).fits
+    ]
+    if fitting:
+        suggestion = f"variant {fitting[0][0]} ({fitting[0][1] / GB:.2f} GB) would fit"
+    else:
+        suggestion = f"{_smaller_formats(variant)} or a shorter context would be needed"
+    need, limit = fit.memory_bytes, fit.limit_bytes
+    return InsufficientMemoryError(
+        f"variant {variant.name} needs {need / GB:.2f} GB (predicted); this host has "
+        f"{limit / GB:.2f} GB available: {(need - limit) / GB:.2f} GB short",
+        hint=f"{suggestion}; force=True (--force) loads it anyway",
+    )
+
+
+def _smaller_formats(variant: Variant) -> str:
+    """ "a smaller format (e.g. A or B)": the next two the target plans below this one."""
+    target = get_target(variant.target)
+    bits = quality_rank(target, variant.quant)
+    planned = {q for unit in target.units for q in unit.formats}
+    smaller = sorted(
+        (q for q in planned if quality_rank(target, q) < bits),
+        key=lambda q: quality_rank(target, q),
+        reverse=True,
+    )[:2]
+    return f"a smaller format (e.g. {' or '.join(smaller)})" if smaller else "a smaller format"

@@ -1,0 +1,114 @@
+"""One predictor: for every variant of a packed bundle, load's fit decision is the plan's.
+
+A tiny model is packed in GGUF and OpenVINO variants. For each variant and context,
+``edgekit.load``'s admission (``choose_variant``, through ``planner.admission.load_fit``)
+runs with a given amount of free memory, and ``edgekit plan`` runs for the same model on a
+device whose only compute unit, a CPU, has exactly that memory: both must say the same
+thing. The memory tried is the variant's own predicted need (fits) and one byte less
+(does not), so the two agree only if they predict the same bytes, and once far above
+and far below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from edgekit.converters.planner import Budgets, plan
+
+from edgekit.bundle_choose import choose_variant, variant_fit
+from edgekit.bundle_open import open_bundle
+from edgekit.devices import GIB, DeviceProfile, load_profile
+from edgekit.errors import InsufficientMemoryError
+from edgekit.inspection import inspect_model
+from edgekit.manifest import OpenedBundle, Variant
+from tests.conftest import require
+
+pytestmark = pytest.mark.slow  # packs an OpenVINO export
+CONTEXTS = (256, 2048)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, OpenedBundle]:
+    require("torch", "the tiny model is built with torch")
+    require("llama_cpp", "llama.cpp quantizes the GGUF variants")
+    require("optimum.intel", "the OpenVINO export")
+    from edgekit.bundle import VariantRequest, pack
+    from tests.tiny_models import build_tiny_model
+
+    root = tmp_path_factory.mktemp("one-predictor")
+    hf = build_tiny_model("llama", root / "hf", hidden=256, vocab_size=512, layers=4)
+    requests = [
+        VariantRequest(target="llamacpp", quant="Q8_0"),
+        VariantRequest(target="llamacpp", quant="Q4_K_M"),
+        VariantRequest(target="openvino", quant="INT8"),
+        VariantRequest(target="openvino", quant="INT4"),
+    ]
+    bundle = pack(hf, root / "bundle", requests).path
+    return hf, open_bundle(bundle)
+
+
+def _device(available: int, targets: tuple[str, ...]) -> DeviceProfile:
+    """A laptop whose one compute unit, its CPU, leaves a model ``available`` bytes."""
+    base = load_profile("x86-laptop-no-gpu")
+    profile = replace(
+        base,
+        memory=replace(base.memory, usable_gib=available / GIB),
+        accelerators=tuple(a for a in base.accelerators if a.kind == "cpu"),
+        targets=targets,
+    )
+    assert profile.memory.usable_bytes == available  # n / 2**30 * 2**30 is exact
+    return profile
+
+
+def _load_admits(opened: OpenedBundle, variant: Variant, available: int, context: int) -> bool:
+    try:
+        chosen = choose_variant(
+            opened,
+            requested=variant.name,
+            available_bytes=available,
+            runnable={variant.target},
+            context=context,
+            device="cpu",
+        )
+    except InsufficientMemoryError:
+        return False
+    assert chosen.name == variant.name
+    return True
+
+
+def _plan_admits(hf: Path, variant: Variant, available: int, context: int) -> tuple[bool, int]:
+    spec = inspect_model(hf)
+    p = plan(
+        spec,
+        _device(available, (variant.target,)),
+        Budgets(context=context, kv_cache=variant.runtime.kv_cache),
+    )
+    (c,) = [
+        c
+        for c in p.candidates
+        if (c.target, c.format, c.unit) == (variant.target, variant.quant, "cpu")
+    ]
+    return c.fits, c.prediction.memory_bytes
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_load_and_plan_agree_on_every_variant(
+    packed: tuple[Path, OpenedBundle], context: int
+) -> None:
+    hf, opened = packed
+    variants = opened.manifest.variants
+    assert {v.format for v in variants} == {"gguf", "openvino"} and len(variants) == 4
+    for variant in variants:
+        need = variant_fit(
+            opened, variant, available_bytes=1 << 50, context=context, device="cpu"
+        ).memory_bytes
+        decisions = []
+        for available in (need, need - 1, 4 * need, need // 4):
+            load = _load_admits(opened, variant, available, context)
+            planned, planned_need = _plan_admits(hf, variant, available, context)
+            assert planned_need == need, (variant.name, context)
+            assert load == planned, (variant.name, context, available, need)
+            decisions.append(load)
+        assert decisions == [True, False, True, False], variant.name
