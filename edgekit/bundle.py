@@ -32,7 +32,7 @@ from edgekit.bundle_open import verify_bundle
 from edgekit.bundle_quality import QualityGate, check_evaluable
 from edgekit.converters import convert
 from edgekit.converters.formats import Edge
-from edgekit.converters.planner.admission import load_unit, variant_memory
+from edgekit.converters.planner.admission import load_unit, memory_parts
 from edgekit.converters.planner.values import Budgets, Candidate, Plan
 from edgekit.converters.recipe import Recipe
 from edgekit.errors import PlanError, TargetError, UnsupportedConversionError
@@ -231,14 +231,14 @@ class _Builder:
         recipe = planned.recipe
         context = planned.request.context or min(self.spec.context_length, DEFAULT_CONTEXT)
         predicted = planned.request.predicted or Figures(
-            memory_bytes=variant_memory(
+            memory_bytes=memory_parts(
                 inspect_model(path),
                 planned.target,
                 planned.quant,
                 context=context,
                 kv_cache=recipe.kv_cache,
                 unit_kind=load_unit(planned.target, "auto"),
-            ),
+            ).memory_bytes,
             source="estimate",
         )
         return Variant(

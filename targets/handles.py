@@ -24,10 +24,10 @@ interface over the network.
 from __future__ import annotations
 
 import threading
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Literal
+from typing import Literal, Self
 
 from edgekit.targets.values import Generation, StreamChunk
 
@@ -50,7 +50,26 @@ class CancelToken:
         return self._event.is_set()
 
 
-class GenerationHandle(Iterator[StreamChunk]):
+class ClosedOnExit(ABC):
+    """``with x:`` closes ``x`` on the way out, however the block ends (sessions, handles)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what ``x`` holds; idempotent."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class GenerationHandle(ClosedOnExit, Iterator[StreamChunk]):
     """One generation (see the module text for its life). Iterating it yields its chunks;
     the last one carries the finish reason."""
 
@@ -93,14 +112,3 @@ class GenerationHandle(Iterator[StreamChunk]):
     def result(self) -> Generation:
         """Read what is left of the stream and return the whole generation (what was
         already iterated is included). Re-raises the generation's failure."""
-
-    def __enter__(self) -> GenerationHandle:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -24,14 +24,13 @@ bad arguments and GenerationError for everything the runtime does wrong.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from edgekit.targets import checks
 from edgekit.targets.generation import LocalGeneration, PromptMaker
-from edgekit.targets.handles import CancelToken, GenerationHandle
+from edgekit.targets.handles import CancelToken, ClosedOnExit, GenerationHandle
 from edgekit.targets.runtime_calls import (
     backend_errors,
     target_of,
@@ -55,7 +54,7 @@ if TYPE_CHECKING:
 Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
 
 
-class Session(ABC):
+class Session(ClosedOnExit):
     """One loaded model. Use as a context manager, or call ``close``.
 
     ``bundle`` and ``variant`` are set when the session came from ``edgekit.load``.
@@ -223,14 +222,3 @@ class Session(ABC):
             generation.close()
         with self._scheduler.turn(), backend_errors(target_of(self), "closing"):
             self._close()
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

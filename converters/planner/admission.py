@@ -88,7 +88,9 @@ def memory_parts(
     calibrate_for: str | None = None,
 ) -> VariantMemory:
     """Predicted memory of the built variant ``spec`` (its file or folder, inspected) of
-    ``target`` in ``quant``, loaded on ``unit_kind`` at ``context``, part by part."""
+    ``target`` in ``quant``, loaded on ``unit_kind`` at ``context``, part by part: what
+    load admits by, and what pack records as a variant's predicted memory when no plan
+    predicted it."""
     c = variant_coefficients(spec, target, unit_kind, calibrate_for=calibrate_for)
     weights = target.format.built_layout(spec, quant).total_bytes
     kv = kv_cache_bytes(spec, context, kv_cache, layout=target.kv_cache)
@@ -98,29 +100,6 @@ def memory_parts(
         runtime_bytes=c.runtime_bytes,
         memory_bytes=resident_bytes(weights, kv, c),
     )
-
-
-def variant_memory(
-    spec: ModelSpec,
-    target: type[Target],
-    quant: str,
-    *,
-    context: int,
-    kv_cache: str,
-    unit_kind: str,
-    calibrate_for: str | None = None,
-) -> int:
-    """Predicted resident bytes of a built variant (``memory_parts``): what load admits
-    by, and what pack records as a variant's predicted memory when no plan predicted it."""
-    return memory_parts(
-        spec,
-        target,
-        quant,
-        context=context,
-        kv_cache=kv_cache,
-        unit_kind=unit_kind,
-        calibrate_for=calibrate_for,
-    ).memory_bytes
 
 
 def load_fit(
@@ -140,7 +119,7 @@ def load_fit(
         TargetError: the target does not run on a unit of ``unit_kind``.
         UnsupportedConversionError: ``quant`` is not one of the target's format's.
     """
-    need = variant_memory(
+    need = memory_parts(
         spec,
         target,
         quant,
@@ -148,7 +127,7 @@ def load_fit(
         kv_cache=kv_cache,
         unit_kind=unit_kind,
         calibrate_for=calibrate_for,
-    )
+    ).memory_bytes
     fits = need <= available_bytes
     verdict = "fits" if fits else f"is {(need - available_bytes) / GIB:.2f} GiB short"
     why = (

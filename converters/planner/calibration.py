@@ -30,7 +30,7 @@ from edgekit.converters.planner.predict import (
     prefill_rate,
     units_for,
 )
-from edgekit.targets.contract import Target
+from edgekit.targets.contract import Coefficients, Target
 from edgekit.targets.registry import get_target
 
 from edgekit.atomic import write_atomic
@@ -191,6 +191,21 @@ def record_bench(
     layout = target.format.built_layout(spec, result.quant)
     sample = sample_from_bench(result, spec, layout, target, kv_type=kv_cache)
     return record(device_key(profile), target.name, result.runs[0].device, sample)
+
+
+def predict_decode(
+    prior: Coefficients, found: list[Sample], own: Sample, *, bandwidth_gbps: float
+) -> float | None:
+    """Decode tokens/s of the variant ``own`` describes, fitted to ``found`` (which should
+    not hold ``own``: that is the held-out prediction the calibration is judged by)."""
+    c = fit(
+        prior,
+        found,
+        bandwidth_gbps=bandwidth_gbps,
+        peak_tflops=None,
+        vocab_term_bytes=own.vocab_term_bytes,
+    )
+    return decode_rate(c, own.bytes_per_token, bandwidth_gbps, own.layers)
 
 
 @dataclass(frozen=True, kw_only=True)
