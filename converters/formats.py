@@ -100,7 +100,9 @@ class Format(ABC):
     name: ClassVar[str]  # "gguf": the variant folder prefix and ``convert --to`` name
     display: ClassVar[str]
     entry: ClassVar[str]  # the file a target loads inside a variant folder ("" = the folder)
-    default_quant: ClassVar[str]
+    default_quant: ClassVar[str]  # what ``edgekit convert --to`` writes when none is named
+    # what ``edgekit pack`` builds when none is named ("": default_quant)
+    pack_quant: ClassVar[str] = ""
     quants: ClassVar[Mapping[str, Quant]]
     # False: edgekit sizes and predicts it (plan) but cannot build it yet (no edges)
     buildable: ClassVar[bool] = True
@@ -111,6 +113,10 @@ class Format(ABC):
 
     def quant(self, name: str) -> Quant | None:
         return self.quants.get(name.upper())
+
+    def pack_default(self) -> str:
+        """The quantization ``edgekit pack`` builds when none is named."""
+        return self.pack_quant or self.default_quant
 
     def require_quant(self, name: str) -> Quant:
         """The quantization ``name`` (any case).

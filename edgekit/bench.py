@@ -379,7 +379,7 @@ class Measurement:
             decode=decode,
             peak_rss_mb=self.sampler.peak_rss / 1e6,
             rss_before_load_mb=rss_before / 1e6 if rss_before is not None else None,
-            device=str(session.info.settings.get("device", "cpu")).lower().split(".")[0],
+            device=session.info.unit,
         )
 
     def prefill(self, session: Session, ids: list[int]) -> PrefillFigures:

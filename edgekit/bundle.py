@@ -52,13 +52,13 @@ from edgekit.manifest import (
 )
 from edgekit.modelspec import ModelSpec
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
+from edgekit.targets import registry
 from edgekit.targets.contract import Target
 from edgekit.targets.registry import all_targets, default_target, get_target
 from edgekit.untrusted import clean_text
 
 DEFAULT_CONTEXT = 4096
 MAX_CONTEXT = 1 << 24
-DEFAULT_QUANT = "Q4_K_M"  # what `edgekit pack` builds when no quantization is named
 
 
 def _default_target_name() -> str:
@@ -69,7 +69,7 @@ def _default_target_name() -> str:
 class VariantRequest:
     # default: the registry's default target (the runnable one of lowest ``priority``)
     target: str = field(default_factory=_default_target_name)
-    quant: str = DEFAULT_QUANT
+    quant: str | None = None  # default: the target's format's pack default
     recipe: str | None = None  # key=value options, as on the CLI
     context: int | None = None
     predicted: Figures | None = None  # the planner's figures (default: the memory estimate)
@@ -332,10 +332,11 @@ def validate_pack(
 def _plan_variant(spec: ModelSpec, model: Path, request: VariantRequest) -> PlannedVariant:
     target = _packable_target(request.target)
     fmt = target.format
-    quant = fmt.quant(request.quant)
+    asked = fmt.pack_default() if request.quant is None else request.quant
+    quant = fmt.quant(asked) if isinstance(asked, str) else None
     if quant is None:
         raise UnsupportedConversionError(
-            f"{clean_text(request.quant)!r} is not a {target.name} format",
+            f"{clean_text(str(asked))!r} is not a {fmt.display} quantization",
             hint=f"choose one of {', '.join(fmt.quants)}",
         )
     if request.context is not None and not 0 < request.context <= MAX_CONTEXT:
@@ -359,11 +360,17 @@ def _packable_target(name: str) -> type[Target]:
     packable = [t.name for t in all_targets() if t.format.buildable]
     try:
         target = get_target(name)
-    except TargetError:
-        target = None
-    if target is None or not target.format.buildable:
+    except TargetError as exc:
+        # a registered plug-in that fails to load says why; an unknown name lists the rest
+        broken = name in dict(registry.broken_targets())
         raise UnsupportedConversionError(
-            f"target {clean_text(name)!r} cannot be packed yet",
+            exc.message if broken else f"target {clean_text(name)!r} cannot be packed",
+            hint=exc.hint if broken else f"packable targets: {', '.join(packable)}",
+        ) from exc
+    if not target.format.buildable:
+        raise UnsupportedConversionError(
+            f"target {clean_text(name)!r} cannot be packed yet: edgekit does not build "
+            f"{target.format.display} yet",
             hint=f"packable targets: {', '.join(packable)}",
         )
     return target

@@ -2,14 +2,22 @@
 highest-quality one whose target runs here and that fits the memory available.
 
 Memory is admitted by ``edgekit.converters.planner.admission.load_fit``, the predictor
-``edgekit plan`` uses for the same variant, so load and plan agree on what fits.
+``edgekit plan`` uses for the same variant, calibrated by this host's benchmarks as
+``edgekit plan --device host`` is, so load and plan agree on what fits. A variant whose
+memory cannot be predicted (a quantization its format does not list) is loaded only
+when asked for by name or forced; choosing on its own, load skips it.
 """
 
 from __future__ import annotations
 
 from edgekit.bundle_open import verify_variants
 from edgekit.converters.planner.admission import Fit, load_fit, load_unit
-from edgekit.errors import InsufficientMemoryError, NoUsableVariantError
+from edgekit.converters.planner.calibration import this_host_key
+from edgekit.errors import (
+    InsufficientMemoryError,
+    NoUsableVariantError,
+    UnsupportedConversionError,
+)
 from edgekit.inspection import inspect_model
 from edgekit.manifest import OpenedBundle, Variant
 from edgekit.targets.contract import Target
@@ -38,13 +46,17 @@ def variant_fit(
     available_bytes: int,
     context: int | None = None,
     device: str = "auto",
+    calibrate_for: str | None = None,
 ) -> Fit:
     """Whether ``variant`` at ``context`` (default: its runtime setting) fits in
-    ``available_bytes`` on the unit ``device`` selects, and what it is predicted to take.
+    ``available_bytes`` on the unit ``device`` selects, and what it is predicted to take
+    (refitted to the benchmarks of ``calibrate_for``, a calibration device key, if given).
 
     Raises:
         BundleIntegrityError: the variant's files are missing or of the wrong size.
         TargetError: the variant's target is not installed.
+        UnsupportedConversionError: the variant's quantization is not one its format
+            lists, so its memory cannot be predicted.
     """
     verify_variants(opened.folder, (variant,), checksums=False)
     target = get_target(variant.target)
@@ -56,6 +68,7 @@ def variant_fit(
         kv_cache=variant.runtime.kv_cache,
         available_bytes=available_bytes,
         unit_kind=unit_kind(target, device),
+        calibrate_for=calibrate_for,
     )
 
 
@@ -104,19 +117,41 @@ def choose_variant(
     ``runnable``: the names of the targets usable here.
 
     Raises:
-        NoUsableVariantError: no variant's target is installed and usable here.
+        NoUsableVariantError: no variant's target is installed and usable here, or no
+            variant's memory can be predicted (and none was asked for or forced).
         InsufficientMemoryError: the chosen (or every) variant is predicted not to fit;
             the message says by how much and which smaller variant would fit.
     """
     candidates = _candidates(opened, requested, runnable)
-    fits = [
-        (v, variant_fit(opened, v, available_bytes=available_bytes, context=context, device=device))
-        for v in candidates
-    ]
-    for v, fit in fits:
+    key = this_host_key()
+    fits: list[tuple[Variant, Fit]] = []
+    unpredictable: list[str] = []
+    for v in candidates:
+        try:
+            fit = variant_fit(
+                opened,
+                v,
+                available_bytes=available_bytes,
+                context=context,
+                device=device,
+                calibrate_for=key,
+            )
+        except UnsupportedConversionError as exc:
+            if force or requested is not None:
+                return v  # asked for: the load itself says whether it runs
+            unpredictable.append(f"{v.name}: {exc.message}")
+            continue
         if fit.fits or force:
             return v
-    raise _too_large(opened, *fits[0], runnable, available_bytes, context, device)
+        fits.append((v, fit))
+    if not fits:
+        raise NoUsableVariantError(
+            f"no variant of {opened.manifest.name} has a memory edgekit can predict ("
+            + "; ".join(unpredictable)
+            + ")",
+            hint="load one by name (variant=...) or with force=True (--force)",
+        )
+    raise _too_large(opened, *fits[0], runnable, available_bytes, context, device, key)
 
 
 def _too_large(
@@ -127,18 +162,26 @@ def _too_large(
     available_bytes: int,
     context: int | None,
     device: str,
+    key: str | None,
 ) -> InsufficientMemoryError:
     """The refusal of ``variant``: by how much it is short, and what would fit instead."""
-    fitting = [
-        (o.name, f.memory_bytes)
-        for o in opened.manifest.variants
-        if o.target in runnable
-        and (
-            f := variant_fit(
-                opened, o, available_bytes=available_bytes, context=context, device=device
+    fitting = []
+    for o in opened.manifest.variants:
+        if o.target not in runnable:
+            continue
+        try:
+            f = variant_fit(
+                opened,
+                o,
+                available_bytes=available_bytes,
+                context=context,
+                device=device,
+                calibrate_for=key,
             )
-        ).fits
-    ]
+        except UnsupportedConversionError:
+            continue  # not suggested: its memory cannot be predicted
+        if f.fits:
+            fitting.append((o.name, f.memory_bytes))
     if fitting:
         suggestion = f"variant {fitting[0][0]} ({fitting[0][1] / GB:.2f} GB) would fit"
     else:

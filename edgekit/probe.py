@@ -8,7 +8,6 @@ as estimates in the profile.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import platform
 import re
@@ -33,8 +32,8 @@ from edgekit.host.jetson import JetsonFacts, read_board_model, read_jetson
 from edgekit.host.memory import MemoryFacts, measure_copy_bandwidth, read_memory
 from edgekit.host.nvml import NvidiaGpu, list_nvidia_gpus
 from edgekit.host.sensors import SensorFacts, read_sensors
-from edgekit.targets.availability import TargetStatus, all_target_status
-from edgekit.targets.contract import HostDevice
+from edgekit.targets.availability import TargetStatus, all_target_status, missing_modules
+from edgekit.targets.contract import HostDevice, Target
 from edgekit.targets.registry import all_targets
 
 log = logging.getLogger(__name__)
@@ -182,7 +181,9 @@ def _target_devices(parts: _Parts) -> dict[str, tuple[HostDevice, ...]]:
     enumerates devices, named "<target>-devices")."""
     found: dict[str, tuple[HostDevice, ...]] = {}
     for target in all_targets():
-        if not all(importlib.util.find_spec(m) for m in target.sdk_modules):
+        # a target that enumerates no devices is not asked (no part), nor one whose SDK
+        # is missing (a missing parent package counts: find_spec imports it)
+        if not _enumerates_devices(target) or missing_modules(target.sdk_modules):
             continue
         no_devices: tuple[HostDevice, ...] | None = None
         devices = parts.run(
@@ -194,6 +195,13 @@ def _target_devices(parts: _Parts) -> dict[str, tuple[HostDevice, ...]]:
         if devices is not None:
             found[target.name] = devices
     return found
+
+
+def _enumerates_devices(target: type[Target]) -> bool:
+    """Whether ``target`` overrides ``Target.host_devices`` (the base lists nothing)."""
+    return getattr(target.host_devices, "__func__", None) is not getattr(
+        Target.host_devices, "__func__", None
+    )
 
 
 def _kind(root: Path, jetson: JetsonFacts | None, sensors: tuple[SensorFacts, ...]) -> DeviceKind:

@@ -57,6 +57,12 @@ def load(
     # A setting no target takes is refused before the bundle is opened; the context
     # sizes the memory check below, before the target validates the rest.
     _check_names(settings, (s for t in runnable_targets() for s in t.load_settings))
+    if not isinstance(device, str):
+        accepted = sorted({d for t in runnable_targets() for d in t.devices_accepted})
+        raise SettingError(
+            f"device must be a string, not {type(device).__name__}",
+            hint=f"use one of {', '.join(accepted)}",
+        )
     if settings.get("context") is not None:
         settings["context"] = checks.integer("context", settings["context"], low=1)
     opened = open_bundle(bundle)
@@ -107,7 +113,7 @@ def _check_names(settings: dict[str, Any], valid: Iterable[str]) -> None:
     known = set(valid)
     unknown = sorted(set(settings) - known)
     if unknown:
-        listed = ", ".join(sorted(known) + list(LOAD_ARGUMENTS))
+        listed = ", ".join(sorted(known - set(LOAD_ARGUMENTS)) + list(LOAD_ARGUMENTS))
         raise SettingError(
             f"edgekit.load got unknown setting(s) {', '.join(map(repr, unknown))}; valid: {listed}",
             hint="pass only the settings listed (see the target's load() docs)",

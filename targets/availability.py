@@ -32,7 +32,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _missing(modules: tuple[str, ...]) -> list[str]:
+def missing_modules(modules: tuple[str, ...]) -> list[str]:
     """The modules of ``modules`` that are not installed (a parent package that fails to
     import counts as missing: find_spec of a submodule imports its parent)."""
     missing = []
@@ -49,7 +49,7 @@ def _missing(modules: tuple[str, ...]) -> list[str]:
 def target_status(target: type[Target]) -> TargetStatus:
     """Check one target. Imports its SDK (call from the probe or load, never at import)."""
     version = _version(target.distribution)
-    missing = _missing(target.sdk_modules)
+    missing = missing_modules(target.sdk_modules)
     if missing:
         return TargetStatus(
             name=target.name,

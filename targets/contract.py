@@ -159,6 +159,24 @@ class Target(ABC):
         return None
 
     @classmethod
+    def load_unit(cls, device: str) -> str:
+        """The kind of compute unit ``edgekit.load(device=...)`` runs the model on, so load
+        admits its memory by that unit's figures: the unit named, else (``auto``) the CPU
+        where the target runs on one, else its first unit. A target whose runtime picks
+        a device itself on ``auto`` overrides this to say which one it will pick (may
+        import the SDK: called by load only).
+
+        Raises:
+            TargetError: the target declares no compute unit.
+        """
+        kinds = [u.kind for u in cls.units]
+        if device in kinds:
+            return device
+        if not kinds:
+            raise TargetError(f"{cls.display_name} declares no compute unit")
+        return "cpu" if "cpu" in kinds else kinds[0]
+
+    @classmethod
     def device_settings(cls, device: str) -> dict[str, Any]:
         """The load settings that put a model on ``device`` (auto, cpu, gpu, npu, ...).
 

@@ -231,6 +231,7 @@ class LlamaCppSession(Session):
                 **({"sliding_window": self._n_swa, "swa_full": False} if self._n_swa else {}),
             },
             vocab_size=int(llama_cpp.llama_vocab_n_tokens(vocab)),
+            unit="gpu" if settings.gpu_layers else "cpu",  # refused above without a GPU backend
         )
         self._closed = False
 

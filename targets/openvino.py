@@ -167,6 +167,15 @@ class OpenVinoTarget(Target):
         return tuple(found)
 
     @classmethod
+    def load_unit(cls, device: str) -> str:
+        """On ``auto`` the session takes the best device present (NPU > GPU > CPU), so
+        load admits by that unit's figures; a named device (GPU.1) by its kind."""
+        kind = _device_name(device).split(".")[0]
+        if kind == "AUTO":
+            kind = pick_device("auto", available_devices()).split(".")[0]
+        return super().load_unit(kind.lower())
+
+    @classmethod
     def device_settings(cls, device: str) -> dict[str, Any]:
         """The device goes to the session as it is: it accepts auto, CPU, GPU, NPU in any
         case and one of several (GPU.1), and refuses any other with a SettingError."""
@@ -304,6 +313,7 @@ class OpenVinoSession(Session):
                 ),
             },
             vocab_size=vocab_size(read_json(folder / "config.json"), self._tokenizer),
+            unit=settings.kind.lower(),
         )
 
     def _read_tokenizer_files(self, folder: Path) -> None:

@@ -22,7 +22,7 @@ import logging
 from importlib.metadata import EntryPoint
 
 from edgekit.converters.formats import Format
-from edgekit.targets.contract import Target
+from edgekit.targets.contract import KvCacheLayout, Target, UnitSupport
 
 from edgekit import plugins
 from edgekit.errors import TargetError, UnsupportedConversionError
@@ -167,4 +167,35 @@ def _import(name: str, value: str) -> type[Target]:
     lacks += sorted(getattr(loaded, "__abstractmethods__", ()))
     if lacks:
         raise TargetError(f"target plug-in {name!r} ({value}) lacks {', '.join(lacks)}", hint=_HINT)
+    wrong = _wrongly_typed(loaded)
+    if wrong:
+        raise TargetError(
+            f"target plug-in {name!r} ({value}) declares {'; '.join(wrong)}", hint=_HINT
+        )
     return loaded
+
+
+def _wrongly_typed(target: type[Target]) -> list[str]:
+    """What a target declares with the wrong type (a plug-in's ``format = None`` would
+    otherwise break every format listing, hence every conversion, not just its own)."""
+    wrong = [
+        f"{attr} not a string"
+        for attr in ("display_name", "devices", "install_hint", "distribution")
+        if not isinstance(getattr(target, attr), str)
+    ]
+    if not isinstance(target.format, Format):
+        wrong.append("format not an edgekit Format")
+    if not (
+        isinstance(target.sdk_modules, tuple)
+        and all(isinstance(m, str) and m for m in target.sdk_modules)
+    ):
+        wrong.append("sdk_modules not a tuple of module names")
+    if not (
+        isinstance(target.units, tuple)
+        and target.units
+        and all(isinstance(u, UnitSupport) for u in target.units)
+    ):
+        wrong.append("units not a non-empty tuple of UnitSupport")
+    if not isinstance(target.kv_cache, KvCacheLayout):
+        wrong.append("kv_cache not a KvCacheLayout")
+    return wrong

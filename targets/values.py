@@ -106,3 +106,6 @@ class SessionInfo:
     kv_cache: str
     settings: dict[str, Any] = field(default_factory=dict)
     vocab_size: int | None = None  # token ids are 0 to vocab_size - 1 (None: not known)
+    # the kind of compute unit the model runs on, as the planner names units (bench files
+    # its calibration sample under it)
+    unit: str = "cpu"

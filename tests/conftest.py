@@ -38,6 +38,22 @@ except ImportError:  # hypothesis is a dev dependency; only the fuzz tests need 
     pass
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Point edgekit's cache (calibration, quality records, unpacked bundles, results) at
+    a folder of this test session's own: a developer's benchmarks in ~/.cache/edgekit
+    would otherwise change what load admits and what plan predicts in the tests. Tests
+    that need a cache of their own still set EDGEKIT_CACHE themselves."""
+    import tempfile
+
+    os.environ["EDGEKIT_CACHE"] = tempfile.mkdtemp(prefix="edgekit-test-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    shutil.rmtree(os.environ.get("EDGEKIT_CACHE", ""), ignore_errors=True)
+
+
 # Fixtures that hand a test the real default model (100 MB, seconds to load or convert).
 REAL_MODEL_FIXTURES = frozenset({"default_gguf", "smollm2_hf"})
 _NOT_HERE_HINT = (

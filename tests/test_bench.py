@@ -112,6 +112,23 @@ def test_figures_match_known_power_and_speeds() -> None:
     assert session.held == [True] * 12
 
 
+def test_a_run_is_filed_under_the_unit_the_session_ran_on() -> None:
+    """The session says which compute unit it runs on (llama.cpp offloading to a GPU
+    names no "device" setting); the run, and so its calibration sample, carries it."""
+    from dataclasses import replace
+
+    from edgekit.bench import Measurement, Workload
+    from edgekit.power.sampler import PowerSampler
+
+    clock = Clock()
+    session = TimedSession(clock, prefill=2000.0, decode=40.0)
+    session.info = replace(session.info, unit="gpu", settings={"gpu_layers": -1})
+    workload = Workload(prompt_lengths=(16,), gen_tokens=3, repeats=1, warmup=0)
+    with PowerSampler(ConstantMeter(WATTS, clock), interval_s=0.01) as sampler:
+        run = Measurement(sampler, workload, clock=clock).run(session, load_s=0.5, rss_before=0)
+    assert run.device == "gpu"
+
+
 @pytest.fixture(scope="module")
 def bundle(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     require("llama_cpp", "the bundle has a GGUF variant")

@@ -217,18 +217,88 @@ def test_setting_of_another_target_is_refused_naming_this_ones(bundle: Path) -> 
 
 
 def test_device_selects_the_unit_memory_is_admitted_on() -> None:
-    """auto and cpu: the target's CPU unit (else its first); a named unit in any case, one
-    of several (GPU.1) included."""
+    """auto and cpu: the target's CPU unit (else its first), unless the target picks its
+    own (below); a named unit in any case, one of several (GPU.1) included."""
+    from edgekit.targets.contract import Target
     from edgekit.targets.registry import all_targets
 
     from edgekit.bundle_choose import unit_kind
 
     for target in all_targets():
         kinds = [u.kind for u in target.units]
-        assert unit_kind(target, "auto") == ("cpu" if "cpu" in kinds else kinds[0])
+        if target.load_unit.__func__ is Target.load_unit.__func__:  # type: ignore[attr-defined]
+            assert unit_kind(target, "auto") == ("cpu" if "cpu" in kinds else kinds[0])
         for kind in kinds:
             assert unit_kind(target, kind) == kind
             assert unit_kind(target, f"{kind.upper()}.1") == kind
+
+
+def test_auto_admits_on_the_unit_the_target_will_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target whose runtime picks its device on ``auto`` (OpenVINO: NPU > GPU > CPU)
+    says which, so load admits by that unit's figures, not the CPU's."""
+    require("openvino", "the OpenVINO target lists its devices")
+    import edgekit.targets.openvino as ov_target
+
+    from edgekit.bundle_choose import unit_kind
+
+    target = ov_target.OpenVinoTarget
+    for present, expected in ((["CPU", "GPU.0", "NPU"], "npu"), (["CPU", "GPU.1"], "gpu")):
+        monkeypatch.setattr(ov_target, "available_devices", lambda p=present: p)
+        assert unit_kind(target, "auto") == expected
+    monkeypatch.setattr(ov_target, "available_devices", lambda: ["CPU"])
+    assert unit_kind(target, "auto") == "cpu"
+
+
+@pytest.mark.parametrize("device", [None, 5, ["cpu"]])
+def test_a_device_that_is_not_a_string_is_refused(tmp_path: Path, device: object) -> None:
+    with pytest.raises(SettingError, match="device must be a string") as info:
+        edgekit.load(tmp_path / "no-such-bundle", device=device)  # type: ignore[arg-type]
+    assert "auto" in info.value.hint
+
+
+def test_a_variant_of_unknown_quantization_does_not_block_the_others(copy: Path) -> None:
+    """A manifest naming a quantization its format does not list (a newer edgekit's, or
+    another tool's): its memory cannot be predicted, so automatic choice skips it and
+    takes the next variant; asked for by name, or forced, it is loaded as before."""
+    manifest = copy / MANIFEST_NAME
+    data = json.loads(manifest.read_text())
+    odd = next(v for v in data["variants"] if v["name"] == "gguf-q8_0")
+    odd["quant"] = "IQ2_XS"
+    manifest.write_text(json.dumps(data))
+    with edgekit.load(copy) as session:
+        assert session.variant.name == "gguf-q4_k_m"
+    with edgekit.load(copy, variant="gguf-q8_0") as session:
+        assert session.variant.quant == "IQ2_XS"
+    with edgekit.load(copy, force=True) as session:
+        assert session.variant.name == "gguf-q8_0"  # ranked first, as a float would be
+    data["variants"] = [odd]
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(NoUsableVariantError, match="IQ2_XS") as info:
+        edgekit.load(copy)
+    assert "variant=" in info.value.hint
+
+
+def test_pack_defaults_to_the_target_formats_own_quantization(tmp_path: Path) -> None:
+    """No quantization named: each target's format says what a bundle gets (GGUF:
+    Q4_K_M; OpenVINO: INT4), and a quantization of the wrong type is refused."""
+    require("torch", "the tiny model is built with torch")
+    from edgekit.targets.registry import all_targets
+
+    from edgekit.bundle import _plan_variant
+    from edgekit.inspection import inspect_model
+    from tests.tiny_models import build_tiny_model
+
+    hf = build_tiny_model("llama", tmp_path / "hf")
+    spec = inspect_model(hf)
+    packable = [t for t in all_targets() if t.format.buildable]
+    assert len(packable) >= 2
+    for target in packable:
+        planned = _plan_variant(spec, hf, VariantRequest(target=target.name))
+        assert planned.quant == target.format.pack_default(), target.name
+    defaults = {t.name: t.format.pack_default() for t in packable}
+    assert defaults.items() >= {"llamacpp": "Q4_K_M", "openvino": "INT4"}.items()
+    with pytest.raises(UnsupportedConversionError, match="is not a GGUF quantization"):
+        _plan_variant(spec, hf, VariantRequest(target="llamacpp", quant=4))  # type: ignore[arg-type]
 
 
 def test_unknown_variant_lists_the_present_ones(bundle: Path) -> None:

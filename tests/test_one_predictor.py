@@ -78,12 +78,15 @@ def _load_admits(opened: OpenedBundle, variant: Variant, available: int, context
     return True
 
 
-def _plan_admits(hf: Path, variant: Variant, available: int, context: int) -> tuple[bool, int]:
+def _plan_admits(
+    hf: Path, variant: Variant, available: int, context: int, calibrate_for: str | None = None
+) -> tuple[bool, int]:
     spec = inspect_model(hf)
     p = plan(
         spec,
         _device(available, (variant.target,)),
         Budgets(context=context, kv_cache=variant.runtime.kv_cache),
+        calibrate_for=calibrate_for,
     )
     (c,) = [
         c
@@ -112,3 +115,60 @@ def test_load_and_plan_agree_on_every_variant(
             assert load == planned, (variant.name, context, available, need)
             decisions.append(load)
         assert decisions == [True, False, True, False], variant.name
+
+
+def test_load_and_plan_agree_once_this_host_is_calibrated(
+    packed: tuple[Path, OpenedBundle], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With benchmarks recorded for this host, load admits by the calibrated memory, as
+    ``edgekit plan --device host`` predicts it (the samples here are made up, larger than
+    the first estimates by a wide margin, so that a load that ignored them would differ)."""
+    from edgekit.converters.planner.calibration import record, this_host_key
+    from edgekit.converters.planner.fitting import Sample
+
+    hf, opened = packed
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path))
+    key = this_host_key()
+    assert key is not None
+    context = CONTEXTS[0]
+    before = {
+        v.name: variant_fit(
+            opened, v, available_bytes=1 << 50, context=context, device="cpu"
+        ).memory_bytes
+        for v in opened.manifest.variants
+    }
+    for target in {v.target for v in opened.manifest.variants}:
+        for i, weights in enumerate((10_000_000, 40_000_000)):
+            record(
+                key,
+                target,
+                "cpu",
+                Sample(
+                    key=f"made-up-{i}",
+                    bytes_per_token=float(weights),
+                    decode_s_per_token=0.01 * (i + 1),
+                    flops_per_token=None,
+                    prefill_s_per_token=None,
+                    weights_bytes=weights,
+                    kv_used_bytes=0,
+                    vocab_term_bytes=0,
+                    memory_bytes=400_000_000 + 2 * weights,
+                    watts=None,
+                    recorded="2026-12-01T00:00:00+00:00",
+                ),
+            )
+    for variant in opened.manifest.variants:
+        need = variant_fit(
+            opened,
+            variant,
+            available_bytes=1 << 50,
+            context=context,
+            device="cpu",
+            calibrate_for=key,
+        ).memory_bytes
+        assert need > before[variant.name] + 100_000_000, variant.name  # the samples count
+        for available in (need, need - 1):
+            load = _load_admits(opened, variant, available, context)
+            planned, planned_need = _plan_admits(hf, variant, available, context, key)
+            assert planned_need == need, variant.name
+            assert load == planned == (available == need), (variant.name, available, need)

@@ -110,6 +110,28 @@ def test_a_failing_part_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) 
     assert report.profile.cpu.logical_cores >= 1
 
 
+def test_a_target_sdk_under_a_missing_parent_package_is_not_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dotted SDK module whose parent package is not installed (find_spec imports the
+    parent and raises) makes the target unavailable, not the probe fail; a target that
+    enumerates no devices gets no "<target>-devices" part."""
+    from edgekit.targets.contract import Target
+    from edgekit.targets.registry import all_targets
+
+    import edgekit.probe as probe
+
+    lister = next(t for t in all_targets() if probe._enumerates_devices(t))
+    monkeypatch.setattr(lister, "sdk_modules", ("edgekit_tests_no_such_sdk.core",))
+    report = probe.probe_host()
+    names = {p.name for p in report.parts}
+    assert f"{lister.name}-devices" not in names and lister.name not in report.target_devices
+    status = next(s for s in report.targets if s.name == lister.name)
+    assert not status.usable and "edgekit_tests_no_such_sdk.core" in status.detail
+    silent = [t for t in all_targets() if t.host_devices.__func__ is Target.host_devices.__func__]  # type: ignore[attr-defined]
+    assert silent and not {f"{t.name}-devices" for t in silent} & names
+
+
 # --- recorded trees -----------------------------------------------------------------
 
 

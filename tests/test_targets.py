@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import pytest
 from edgekit.converters.formats import Format
 from edgekit.targets import registry
-from edgekit.targets.availability import _missing, all_target_status, target_status
+from edgekit.targets.availability import all_target_status, missing_modules, target_status
 from edgekit.targets.contract import Target
 from edgekit.targets.llamacpp import LlamaCppTarget
 from edgekit.targets.qnn import QnnTarget
@@ -87,6 +87,15 @@ class NamedWrong(LlamaCppTarget):
     name: ClassVar[str] = "something-else"
 
 
+class WronglyTyped(QnnTarget):
+    """Every attribute present, two of the wrong type: a ``format = None`` would break
+    every format listing (and so every conversion), not just its own target."""
+
+    name: ClassVar[str] = "wronglytyped"
+    format = None  # type: ignore[assignment]
+    sdk_modules = "qnn_sdk"  # type: ignore[assignment]
+
+
 class Incomplete(Target):
     name: ClassVar[str] = "incomplete"
 
@@ -114,6 +123,11 @@ def _register(monkeypatch: pytest.MonkeyPatch, **extra: str) -> None:
         ("wrongname", "tests.test_targets:NamedWrong", "declares name 'something-else'"),
         ("incomplete", "tests.test_targets:Incomplete", "lacks display_name, devices, format"),
         ("llamacpp", "tests.test_targets:NamedWrong", "registered twice"),
+        (
+            "wronglytyped",
+            "tests.test_targets:WronglyTyped",
+            "declares format not an edgekit Format; sdk_modules not a tuple of module names",
+        ),
     ],
 )
 def test_a_broken_plugin_is_named_and_does_not_hide_the_others(
@@ -137,6 +151,8 @@ def test_a_broken_plugin_is_named_and_does_not_hide_the_others(
     # the probe lists it, not installed, with the reason
     status = next(s for s in all_target_status() if s.name == name)
     assert not status.installed and not status.usable and why in status.detail
+    # and every format is still listed (conversion and pack keep working)
+    assert {f.name for f in registry.all_formats()} == {t.format.name for t in others}
 
 
 class FakeTarget(QnnTarget):
@@ -239,7 +255,7 @@ def test_accelerators_on_every_shipped_profile(target: type[Target]) -> None:
 @pytest.mark.parametrize("target", TARGETS, ids=IDS)
 def test_check_host_answers_or_the_sdk_is_absent(target: type[Target]) -> None:
     status = target_status(target)
-    if _missing(target.sdk_modules):
+    if missing_modules(target.sdk_modules):
         assert not status.installed and target.install_hint in status.detail
         return
     usable, detail = target.check_host()

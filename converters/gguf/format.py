@@ -39,6 +39,7 @@ class GgufFormat(Format):
     display: ClassVar[str] = "GGUF"
     entry: ClassVar[str] = "model.gguf"
     default_quant: ClassVar[str] = "F16"
+    pack_quant: ClassVar[str] = "Q4_K_M"  # a bundle is for a device: 4-bit, the common pick
     quants: ClassVar[Mapping[str, Quant]] = _quants()
     requantizer: ClassVar[str] = "llama.cpp"  # llama-quant.cpp: quantize = cur_type != new_type
 

@@ -18,7 +18,6 @@ from edgekit.converters.planner.memory import kv_cache_bytes, resident_bytes
 from edgekit.targets.contract import Coefficients, Target
 
 from edgekit.devices import GIB
-from edgekit.errors import TargetError
 from edgekit.modelspec import ModelSpec
 
 
@@ -33,14 +32,9 @@ class Fit:
 
 
 def load_unit(target: type[Target], device: str) -> str:
-    """The kind of compute unit ``edgekit.load(device=...)`` puts ``target`` on: the one
-    named, else (``auto``) the CPU where the target runs on one, else its first unit."""
-    kinds = [u.kind for u in target.units]
-    if device in kinds:
-        return device
-    if not kinds:
-        raise TargetError(f"{target.display_name} declares no compute unit")
-    return "cpu" if "cpu" in kinds else kinds[0]
+    """The kind of compute unit ``edgekit.load(device=...)`` puts ``target`` on (the
+    target decides: ``Target.load_unit``)."""
+    return target.load_unit(device)
 
 
 def variant_coefficients(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import platform
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,8 +36,10 @@ from edgekit.targets.registry import get_target
 
 from edgekit.atomic import write_atomic
 from edgekit.cache import cache_root
-from edgekit.devices import DeviceProfile
+from edgekit.devices import GIB, DeviceProfile
 from edgekit.errors import SchemaError
+from edgekit.host.cpu import read_cpu
+from edgekit.host.memory import read_memory
 from edgekit.modelspec import ModelSpec
 from edgekit.safe_files import read_capped
 from edgekit.schema import build
@@ -58,8 +61,24 @@ def calibration_file() -> Path:
 def device_key(profile: DeviceProfile) -> str:
     """What identifies a host across runs: CPU, cores, memory, architecture."""
     cpu = profile.cpu
-    memory = f"{profile.memory.total_gib:.0f} GiB"
-    return f"{cpu.model} | {cpu.physical_cores} cores | {memory} | {profile.arch}"
+    return _key(cpu.model, cpu.physical_cores, profile.memory.total_gib, profile.arch)
+
+
+def _key(cpu_model: str, physical_cores: int, total_gib: float, arch: str) -> str:
+    return f"{cpu_model} | {physical_cores} cores | {total_gib:.0f} GiB | {arch}"
+
+
+def this_host_key() -> str | None:
+    """``device_key`` of this host's probed profile, read without the probe's slow parts
+    (no SDK, no bandwidth measurement): what load calibrates its admission for. None
+    when the CPU or memory cannot be read (load then uses the first estimates)."""
+    try:
+        cpu, memory = read_cpu(), read_memory()
+    except (OSError, ValueError):
+        return None
+    return _key(
+        cpu.model, cpu.physical_cores, round(memory.total_bytes / GIB, 3), platform.machine()
+    )
 
 
 def _read() -> dict[str, Any]:

@@ -38,8 +38,9 @@ class _RegistryDefault(click.Option):
 @click.option("--target", cls=_RegistryDefault, help="Runtime target of the variants.")
 @click.option(
     "--quant",
-    help="Quantization [default: Q4_K_M]; several, comma-separated, make several variants, "
-    "each optionally TARGET:QUANT for another target than --target (Q4_K_M,Q8_0,TARGET:INT4).",
+    help="Quantization [default: the target format's pack default, e.g. Q4_K_M for GGUF]; "
+    "several, comma-separated, make several variants, each optionally TARGET:QUANT for "
+    "another target than --target (Q4_K_M,Q8_0,TARGET:INT4).",
 )
 @click.option(
     "--device",
