@@ -6,6 +6,8 @@ Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/complet
 Every request is hostile until checked. In this order, each refusal an OpenAI-style JSON
 error (``{"error": {"message", "type", "param", "code"}}``):
 
+0. The connection: closed unanswered when its request's headers take longer than
+   ``header_timeout`` (uvicorn itself would wait forever: slowloris).
 1. ``Host`` (403): an IP address, ``localhost``, the bound name or an ``allow_hosts`` name.
    A web page that rebinds its own DNS name to 127.0.0.1 sends its name here.
 2. ``Origin`` (403): a browser page of another origin, unless in ``allow_origins`` (which
@@ -36,13 +38,21 @@ Modules: ``serve_config`` (ServeConfig, the names the server answers to), ``serv
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
 import logging
-from typing import Any
+import socket
+from typing import TYPE_CHECKING, Any
 
+from edgekit.errors import ServeError
 from edgekit.serve_app import App
 from edgekit.serve_config import ServeConfig, is_loopback
 from edgekit.targets.session import Session
 from edgekit.untrusted import clean_text
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +63,109 @@ def create_app(session: Session, config: ServeConfig) -> App:
 
 
 def serve(session: Session, config: ServeConfig) -> None:
-    """Run the server until interrupted (blocking)."""
-    import uvicorn
+    """Run the server until interrupted (blocking).
 
+    Raises:
+        ServeError: the address cannot be listened on (the port is taken, say).
+    """
     if config.api_key is None and not is_loopback(config.host):
         log.warning(
             "serving on %s:%d without an API key: anyone who can reach it can use the model",
             clean_text(config.host),
             config.port,
         )
-    uvicorn.run(
-        create_app(session, config),
-        host=config.host,
-        port=config.port,
+    server, listening = server_for(create_app(session, config), config)
+    # uvicorn re-raises the Ctrl-C it handled, once it has shut down: that is the end
+    with listening, contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[listening])
+
+
+def server_for(
+    app: App, config: ServeConfig, *, log_level: str = "info"
+) -> tuple[uvicorn.Server, socket.socket]:
+    """The uvicorn server of ``app`` and the socket it serves, bound here: uvicorn binds by
+    itself with ``sys.exit`` on failure, which no library call may do, so a taken port is
+    a ServeError instead. Run it with ``server.run(sockets=[sock])``."""
+    import uvicorn
+
+    listening = listen(config.host, config.port)
+    settings = uvicorn.Config(
+        app,
+        http=_header_deadline_protocol(config.header_timeout),
         log_config=_uvicorn_log_config(),
-        log_level="info",
+        log_level=log_level,
         lifespan="on",
         proxy_headers=False,  # no X-Forwarded-* from whoever connects
         server_header=False,
     )
+    return uvicorn.Server(settings), listening
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (not listening yet: uvicorn starts that)."""
+    name = host.strip("[]")
+    family = socket.AF_INET6 if ":" in name else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((name, port))
+    except OSError as exc:
+        sock.close()
+        hint = {
+            errno.EADDRINUSE: "another program uses this port: pass a free one with --port",
+            errno.EACCES: "ports below 1024 need privileges: pass --port 8000 or above",
+        }.get(exc.errno or 0, "pass an address this machine has with --host")
+        raise ServeError(
+            f"cannot listen on {clean_text(host)}:{port}: {exc.strerror or exc}", hint=hint
+        ) from exc
+    return sock
+
+
+def _header_deadline_protocol(seconds: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol, with a deadline for each request's headers.
+
+    uvicorn times a connection out only between requests, and resets even that timer on
+    every byte: a client that connects and sends nothing, or trickles its headers a byte
+    at a time, holds its connection (a file descriptor) forever, and enough of them stop
+    the server from accepting anyone (slowloris). The app cannot help: it is called only
+    once the headers are complete. So a connection must complete a request's headers
+    within ``seconds`` of connecting, or of its previous response, or it is closed; the
+    body has its own deadline in the app (``body_timeout``). Defined here because uvicorn
+    is an optional dependency."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadline(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)  # type: ignore[arg-type]
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a request's headers arrived: the app takes over
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            if not self.transport.is_closing():  # armed first: a pipelined request disarms
+                self._arm()
+            super().on_response_complete()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, self.timeout_keep_alive_handler)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+    return HeaderDeadline
 
 
 def _uvicorn_log_config() -> dict[str, Any]:

@@ -8,6 +8,7 @@ loopback without a key unless ``insecure_no_auth`` says so.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class ServeConfig:
     allow_hosts: tuple[str, ...] = ()  # Host names accepted beyond the bound address ("*": any)
     allow_origins: tuple[str, ...] = ()  # web origins that may call it ("*": any)
     insecure_no_auth: bool = False  # serve beyond loopback without an API key
+    header_timeout: float = 30.0  # seconds a connection may take to send a request's headers
     body_timeout: float = 30.0  # seconds a client may take to send its request body
     send_timeout: float = 60.0  # seconds a client may leave a part of the answer unread
 
@@ -53,10 +55,13 @@ class ServeConfig:
         if self.port > 65535:
             raise ServeError(f"port must be at most 65535, not {self.port}")
         for name, seconds in (
+            ("header_timeout", self.header_timeout),
             ("body_timeout", self.body_timeout),
             ("send_timeout", self.send_timeout),
         ):
-            if not seconds > 0:
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+                raise ServeError(f"{name} must be a number of seconds, not {seconds!r}")
+            if not 0 < seconds < math.inf:  # NaN too: no deadline would ever pass
                 raise ServeError(f"{name} must be a positive number of seconds, not {seconds!r}")
         object.__setattr__(self, "allow_hosts", tuple(_allowed_host(h) for h in self.allow_hosts))
         object.__setattr__(

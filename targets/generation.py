@@ -117,6 +117,12 @@ class LocalGeneration(GenerationHandle):
             raise
         if not admitted:
             return self._end_unstarted()
+        try:
+            self._session._refuse_closed()  # made before its session closed, begun after
+        except BaseException as exc:
+            self._error, self._ended, self._state = exc, True, "finished"
+            self._scheduler.leave(self._ticket)
+            raise
         self._state, self._started = "running", True
         try:
             with self._scheduler.step(self._ticket):

@@ -116,10 +116,14 @@ class Scheduler:
         """The ticket holding the session now (None: nobody)."""
         return self._holder
 
-    def held_here(self) -> Ticket | None:
-        """The ticket this thread holds the session with, if any."""
-        holder = self._holder
-        return holder if holder is not None and holder.owner == threading.get_ident() else None
+    def generations(self) -> list[GenerationHandle]:
+        """The live handles holding the session or queued for it (what closing the
+        session ends), taken under the lock and returned outside it: closing a handle
+        takes the lock again."""
+        with self._cond:
+            tickets = [t for t in (self._holder, *self._queue) if t is not None]
+        handles = [t.generation() for t in tickets if t.generation is not None]
+        return [h for h in handles if h is not None]
 
     @contextmanager
     def step(self, ticket: Ticket) -> Iterator[None]:
@@ -135,9 +139,7 @@ class Scheduler:
 
     def in_step_here(self) -> bool:
         holder = self._holder
-        return (
-            holder is not None and holder.stepping and holder.owner == threading.get_ident()
-        )
+        return holder is not None and holder.stepping and holder.owner == threading.get_ident()
 
     @contextmanager
     def turn(self) -> Iterator[None]:

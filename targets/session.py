@@ -47,6 +47,8 @@ from edgekit.targets.values import (
     sampling_from,
 )
 
+from edgekit.errors import GenerationError
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -70,6 +72,7 @@ class Session(ClosedOnExit):
 
     def __init__(self) -> None:
         self._scheduler = Scheduler()
+        self._ended = False  # closed: no generation may start (the runtime is freed)
 
     @property
     def _cancel(self) -> CancelToken:
@@ -139,8 +142,19 @@ class Session(ClosedOnExit):
         ``chat_tokens``) or chat messages. Arguments are checked now; the generation joins
         the queue when its first chunk is asked for, and holds the session from its turn
         until it ends, is cancelled, closed or dropped."""
+        self._refuse_closed()
         params = sampling_from(sampling, overrides)
         return LocalGeneration(self, self._prompt_maker(prompt), params)
+
+    def _refuse_closed(self) -> None:
+        """Refuse a generation on a closed session: whatever the target, its runtime is
+        freed (a plug-in that forgot its own check would run on freed memory).
+
+        Raises:
+            GenerationError: the session is closed.
+        """
+        if self._ended:
+            raise GenerationError("the session is closed", hint="load the model again")
 
     def _prompt_maker(self, prompt: Prompt) -> PromptMaker:
         """What makes the prompt's token ids at the generation's turn (checked now)."""
@@ -214,11 +228,12 @@ class Session(ClosedOnExit):
         (runtimes that reuse a shared prompt prefix override this; benchmarks call it)."""
 
     def close(self) -> None:
-        """Free the model's memory. Idempotent. A stream this thread has not finished is
-        closed first (it yields nothing more); one running on another thread ends first."""
-        held = self._scheduler.held_here()
-        generation = held.generation() if held is not None and held.generation else None
-        if generation is not None:
+        """Free the model's memory. Idempotent. Every generation not finished is closed
+        first, whichever thread reads it (it yields nothing more; one inside a token stops
+        after it), and queued ones never start: close never waits on a stream that its
+        reader left half-read, which would be forever."""
+        for generation in self._scheduler.generations():
             generation.close()
         with self._scheduler.turn(), backend_errors(target_of(self), "closing"):
+            self._ended = True
             self._close()

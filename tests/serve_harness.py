@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgekit.targets.session import Session
@@ -163,18 +163,19 @@ class LiveServer:
     """``create_app`` served by uvicorn on 127.0.0.1 in a thread, for one ``with`` block."""
 
     def __init__(self, session: Any, *, model_name: str = "smollm2", **overrides: Any) -> None:
-        import uvicorn
-
-        from edgekit.serve import create_app
+        from edgekit.serve import create_app, server_for
         from edgekit.serve_config import ServeConfig
 
         overrides.setdefault("api_key", KEY)
-        self.config = ServeConfig(model_name=model_name, port=free_port(), **overrides)
-        self.app = create_app(session, self.config)
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.config.port, log_level="warning")
+        # port 0: the system picks a free one when the socket is bound (no race with others)
+        config = ServeConfig(model_name=model_name, port=0, **overrides)
+        self.app = create_app(session, config)
+        # the server exactly as `edgekit serve` runs it (its protocol, its socket)
+        self.server, self.socket = server_for(self.app, config, log_level="warning")
+        self.config = replace(config, port=int(self.socket.getsockname()[1]))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True
         )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
     def port(self) -> int:
@@ -200,6 +201,7 @@ class LiveServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(20)
+        self.socket.close()
 
 
 def http_bytes(

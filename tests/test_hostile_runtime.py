@@ -126,8 +126,16 @@ for _ in range(200):
     DEEP = [DEEP]
 
 CALL_CASES = [
-    CallCase("detokenize-negative", BOTH, lambda s: s.detokenize([-1]), r"-1.*0 to \d+", isolate=True),
-    CallCase("detokenize-vocab-size", BOTH, lambda s: s.detokenize([10**6]), r"1000000.*0 to \d+", isolate=True),
+    CallCase(
+        "detokenize-negative", BOTH, lambda s: s.detokenize([-1]), r"-1.*0 to \d+", isolate=True
+    ),
+    CallCase(
+        "detokenize-vocab-size",
+        BOTH,
+        lambda s: s.detokenize([10**6]),
+        r"1000000.*0 to \d+",
+        isolate=True,
+    ),
     CallCase("detokenize-int64", BOTH, lambda s: s.detokenize([2**63]), r"0 to \d+", isolate=True),
     CallCase("detokenize-str-id", BOTH, lambda s: s.detokenize(["a"]), r"token ids.*integers"),
     CallCase("detokenize-bool-id", BOTH, lambda s: s.detokenize([True]), r"token ids.*integers"),
@@ -135,7 +143,9 @@ CALL_CASES = [
     CallCase("detokenize-a-string", BOTH, lambda s: s.detokenize("abc"), r"token ids.*list"),
     CallCase("detokenize-none", BOTH, lambda s: s.detokenize(None), r"token ids.*list"),  # type: ignore[arg-type]
     CallCase("prompt-empty", BOTH, lambda s: s.generate("", max_tokens=2), r"prompt.*empty"),
-    CallCase("stream-prompt-empty", BOTH, lambda s: list(s.stream("", max_tokens=2)), r"prompt.*empty"),
+    CallCase(
+        "stream-prompt-empty", BOTH, lambda s: list(s.stream("", max_tokens=2)), r"prompt.*empty"
+    ),
     CallCase("prompt-none", BOTH, lambda s: s.generate(None), r"prompt.*str"),  # type: ignore[arg-type]
     CallCase("prompt-bytes", BOTH, lambda s: s.generate(b"hi"), r"prompt.*str"),  # type: ignore[arg-type]
     CallCase("prompt-surrogate", BOTH, lambda s: s.generate("\ud800 hi"), r"prompt.*surrogate"),
@@ -173,30 +183,115 @@ CALL_CASES = [
     CallCase("stop-surrogate", BOTH, _gen(stop=["\ud800"]), r"stop.*surrogate"),
     CallCase("ignore-eos-str", BOTH, _gen(ignore_eos="yes"), r"ignore_eos.*true or false"),
     CallCase("unknown-sampling-key", BOTH, _gen(temprature=0.5), r"temprature.*valid.*temperature"),
-    CallCase("sampling-not-sampling", BOTH, lambda s: s.generate("Hi", "greedy"), r"sampling.*Sampling"),  # type: ignore[arg-type]
-    CallCase("sampling-built-bad", BOTH, lambda s: s.generate("Hi", Sampling(max_tokens=-1)), r"max_tokens"),
-    CallCase("stream-tokens-empty", BOTH, lambda s: list(s.stream_tokens([], Sampling(max_tokens=2))), r"prompt.*empty|no tokens"),
-    CallCase("stream-tokens-negative", BOTH, lambda s: list(s.stream_tokens([-1], Sampling(max_tokens=2))), r"-1.*0 to \d+", isolate=True),
-    CallCase("stream-tokens-beyond-vocab", BOTH, lambda s: list(s.stream_tokens([10**6], Sampling(max_tokens=2))), r"0 to \d+", isolate=True),
-    CallCase("stream-tokens-str", BOTH, lambda s: list(s.stream_tokens(["a"], Sampling(max_tokens=2))), r"integers"),  # type: ignore[list-item]
-    CallCase("stream-tokens-dict-sampling", BOTH, lambda s: list(s.stream_tokens([1, 2], {"max_tokens": 2})), r"Sampling"),  # type: ignore[arg-type]
-    CallCase("stream-from-tokens-negative", BOTH, lambda s: list(s.stream_from_tokens([5, -1], max_tokens=2)), r"-1.*0 to \d+", isolate=True),
-    CallCase("stream-from-tokens-empty", BOTH, lambda s: list(s.stream_from_tokens([], max_tokens=2)), r"prompt.*empty"),
+    CallCase(
+        "sampling-not-sampling", BOTH, lambda s: s.generate("Hi", "greedy"), r"sampling.*Sampling"
+    ),  # type: ignore[arg-type]
+    CallCase(
+        "sampling-built-bad",
+        BOTH,
+        lambda s: s.generate("Hi", Sampling(max_tokens=-1)),
+        r"max_tokens",
+    ),
+    CallCase(
+        "stream-tokens-empty",
+        BOTH,
+        lambda s: list(s.stream_tokens([], Sampling(max_tokens=2))),
+        r"prompt.*empty|no tokens",
+    ),
+    CallCase(
+        "stream-tokens-negative",
+        BOTH,
+        lambda s: list(s.stream_tokens([-1], Sampling(max_tokens=2))),
+        r"-1.*0 to \d+",
+        isolate=True,
+    ),
+    CallCase(
+        "stream-tokens-beyond-vocab",
+        BOTH,
+        lambda s: list(s.stream_tokens([10**6], Sampling(max_tokens=2))),
+        r"0 to \d+",
+        isolate=True,
+    ),
+    CallCase(
+        "stream-tokens-str",
+        BOTH,
+        lambda s: list(s.stream_tokens(["a"], Sampling(max_tokens=2))),
+        r"integers",
+    ),  # type: ignore[list-item]
+    CallCase(
+        "stream-tokens-dict-sampling",
+        BOTH,
+        lambda s: list(s.stream_tokens([1, 2], {"max_tokens": 2})),
+        r"Sampling",
+    ),  # type: ignore[arg-type]
+    CallCase(
+        "stream-from-tokens-negative",
+        BOTH,
+        lambda s: list(s.stream_from_tokens([5, -1], max_tokens=2)),
+        r"-1.*0 to \d+",
+        isolate=True,
+    ),
+    CallCase(
+        "stream-from-tokens-empty",
+        BOTH,
+        lambda s: list(s.stream_from_tokens([], max_tokens=2)),
+        r"prompt.*empty",
+    ),
     CallCase("logits-empty", BOTH, lambda s: s.logits([]), r"no tokens|empty"),
     CallCase("logits-negative", BOTH, lambda s: s.logits([-1]), r"-1.*0 to \d+", isolate=True),
-    CallCase("logits-longer-than-context", BOTH, lambda s: s.logits([1] * 100_000), r"context", isolate=True),
+    CallCase(
+        "logits-longer-than-context",
+        BOTH,
+        lambda s: s.logits([1] * 100_000),
+        r"context",
+        isolate=True,
+    ),
     CallCase("chat-a-string", BOTH, lambda s: s.chat("hello"), r"messages.*list"),  # type: ignore[arg-type]
     CallCase("chat-empty", BOTH, lambda s: s.chat([]), r"messages.*empty"),
     CallCase("chat-message-a-list", BOTH, lambda s: s.chat([["user", "hi"]]), r"message 0.*object"),  # type: ignore[list-item]
     CallCase("chat-no-role", BOTH, lambda s: s.chat([{"content": "hi"}]), r"message 0.*role"),
-    CallCase("chat-role-int", BOTH, lambda s: s.chat([{"role": 1, "content": "hi"}]), r"message 0.*role"),
-    CallCase("chat-content-none", BOTH, lambda s: s.chat([{"role": "user", "content": None}]), r"message 0.*content"),  # type: ignore[dict-item]
-    CallCase("chat-content-int", BOTH, lambda s: s.chat([{"role": "user", "content": 5}]), r"message 0.*content"),  # type: ignore[dict-item]
-    CallCase("chat-content-surrogate", BOTH, lambda s: s.chat([{"role": "user", "content": "\ud800"}]), r"message 0.*surrogate"),
-    CallCase("chat-deep-extra", BOTH, lambda s: s.chat([{"role": "user", "content": "hi", "x": DEEP}]), r"message 0.*nested"),
-    CallCase("chat-stream-bad-sampling", BOTH, lambda s: list(s.chat_stream(HI, max_tokens=0)), r"max_tokens"),
+    CallCase(
+        "chat-role-int", BOTH, lambda s: s.chat([{"role": 1, "content": "hi"}]), r"message 0.*role"
+    ),
+    CallCase(
+        "chat-content-none",
+        BOTH,
+        lambda s: s.chat([{"role": "user", "content": None}]),
+        r"message 0.*content",
+    ),  # type: ignore[dict-item]
+    CallCase(
+        "chat-content-int",
+        BOTH,
+        lambda s: s.chat([{"role": "user", "content": 5}]),
+        r"message 0.*content",
+    ),  # type: ignore[dict-item]
+    CallCase(
+        "chat-content-surrogate",
+        BOTH,
+        lambda s: s.chat([{"role": "user", "content": "\ud800"}]),
+        r"message 0.*surrogate",
+    ),
+    CallCase(
+        "chat-deep-extra",
+        BOTH,
+        lambda s: s.chat([{"role": "user", "content": "hi", "x": DEEP}]),
+        r"message 0.*nested",
+    ),
+    CallCase(
+        "chat-stream-bad-sampling",
+        BOTH,
+        lambda s: list(s.chat_stream(HI, max_tokens=0)),
+        r"max_tokens",
+    ),
     CallCase("render-chat-a-string", BOTH, lambda s: s.render_chat("hi"), r"messages.*list"),  # type: ignore[arg-type]
-    CallCase("generate-inside-stream", BOTH, _stream_then_generate, r"stream.*not finished", error=GenerationError, isolate=True),
+    CallCase(
+        "generate-inside-stream",
+        BOTH,
+        _stream_then_generate,
+        r"stream.*not finished",
+        error=GenerationError,
+        isolate=True,
+    ),
 ]
 
 
@@ -208,8 +303,16 @@ class TemplateCase:
 
 
 SANDBOX = [
-    TemplateCase("loop-1e8", "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}", isolate=True),
-    TemplateCase("loop-1e12", "{% for i in range(10000) %}{% for j in range(10000) %}{% for k in range(10000) %}{% endfor %}{% endfor %}{% endfor %}", isolate=True),
+    TemplateCase(
+        "loop-1e8",
+        "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}",
+        isolate=True,
+    ),
+    TemplateCase(
+        "loop-1e12",
+        "{% for i in range(10000) %}{% for j in range(10000) %}{% for k in range(10000) %}{% endfor %}{% endfor %}{% endfor %}",
+        isolate=True,
+    ),
     TemplateCase("range-1e9", "{% for i in range(10**9) %}{% endfor %}"),
     TemplateCase("range-1e9-list", "{{ range(10**9)|list|length }}"),
     TemplateCase("include", "{% include 'other.jinja' %}"),
@@ -217,25 +320,47 @@ SANDBOX = [
     TemplateCase("from-import", "{% from 'macros.jinja' import x %}{{ x() }}"),
     TemplateCase("extends", "{% extends 'base.jinja' %}"),
     TemplateCase("recursive-macro", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"),
-    TemplateCase("recursive-loop", "{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}"),
+    TemplateCase(
+        "recursive-loop", "{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}"
+    ),
     TemplateCase("str-mul-huge", "{{ 'a' * 10**10 }}", isolate=True),
     TemplateCase("str-mul-chain", "{{ 'ab' * 100000 * 100000 }}", isolate=True),
     TemplateCase("list-mul-join", "{{ (['x' * 100000] * 100000)|join }}", isolate=True),
     TemplateCase("list-mul-join-method", "{{ ''.join(['x' * 100000] * 100000) }}", isolate=True),
     TemplateCase("pow-huge", "{{ 10 ** (10 ** 8) }}", isolate=True),
     TemplateCase("bytes-mul-huge", "{{ 'ab'.encode() * 10**10 }}", isolate=True),
-    TemplateCase("concat-doubling", "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}", isolate=True),
-    TemplateCase("plus-doubling", "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}", isolate=True),
-    TemplateCase("block-set-doubling", "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set t %}{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = t %}{% endfor %}{{ ns.s|length }}", isolate=True),
+    TemplateCase(
+        "concat-doubling",
+        "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+        isolate=True,
+    ),
+    TemplateCase(
+        "plus-doubling",
+        "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+        isolate=True,
+    ),
+    TemplateCase(
+        "block-set-doubling",
+        "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set t %}{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = t %}{% endfor %}{{ ns.s|length }}",
+        isolate=True,
+    ),
     TemplateCase("center-huge", "{{ 'a'|center(10**9) }}", isolate=True),
     TemplateCase("format-filter-width", "{{ '%999999999d'|format(1) }}", isolate=True),
     TemplateCase("percent-width", "{{ '%999999999d' % 1 }}", isolate=True),
     TemplateCase("ljust-huge", "{{ 'a'.ljust(10**9) }}", isolate=True),
     TemplateCase("str-format-width", "{{ '{:>999999999}'.format(1) }}", isolate=True),
     TemplateCase("indent-huge", "{{ 'a\nb'|indent(10**9) }}", isolate=True),
-    TemplateCase("replace-explode", "{% set s = 'a' * 1000 %}{{ (s * 1000)|replace('a', s)|length }}", isolate=True),
+    TemplateCase(
+        "replace-explode",
+        "{% set s = 'a' * 1000 %}{{ (s * 1000)|replace('a', s)|length }}",
+        isolate=True,
+    ),
     TemplateCase("lipsum-huge", "{{ lipsum(n=10**6)|length }}", isolate=True),
-    TemplateCase("output-flood", "{% for i in range(100000) %}{% for j in range(100) %}0123456789{% endfor %}{% endfor %}", isolate=True),
+    TemplateCase(
+        "output-flood",
+        "{% for i in range(100000) %}{% for j in range(100) %}0123456789{% endfor %}{% endfor %}",
+        isolate=True,
+    ),
     TemplateCase("deep-parens", "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", isolate=True),
     TemplateCase("zero-division", "{{ 1 / 0 }}"),
     TemplateCase("type-error", "{{ 'a' + 1 }}"),
@@ -244,7 +369,11 @@ SANDBOX = [
     TemplateCase("expandtabs-huge", "{{ ('\t' * 1000).expandtabs(10**7) }}", isolate=True),
     TemplateCase("nested-format-spec", "{{ '{:{}}'.format(1, 10**9) }}", isolate=True),
     TemplateCase("percent-star-width", "{{ '%*d' % (10**9, 1) }}", isolate=True),
-    TemplateCase("macro-in-loop-flood", "{% macro m() %}{% for i in range(100000) %}0123456789{% endfor %}{% endmacro %}{% for i in range(100000) %}{{ m() }}{% endfor %}", isolate=True),
+    TemplateCase(
+        "macro-in-loop-flood",
+        "{% macro m() %}{% for i in range(100000) %}0123456789{% endfor %}{% endmacro %}{% for i in range(100000) %}{{ m() }}{% endfor %}",
+        isolate=True,
+    ),
     TemplateCase("source-huge", "{{ 'x' }}" * 200_000),
     TemplateCase("syntax-error", "{% for %}"),
     TemplateCase("undefined-call", "{{ foo() }}"),
@@ -627,9 +756,7 @@ def test_a_cancelled_queued_handle_leaves_the_queue_and_never_starts(
 
 
 @pytest.mark.parametrize("target", BOTH)
-def test_a_handle_closed_from_another_thread_returns_at_once(
-    models: Models, target: str
-) -> None:
+def test_a_handle_closed_from_another_thread_returns_at_once(models: Models, target: str) -> None:
     """close() from another thread while a reader is inside the runtime returns at once;
     the reader's stream ends at its next token, and the session serves the next call."""
     s = models.session(target)
@@ -648,6 +775,68 @@ def test_a_handle_closed_from_another_thread_returns_at_once(
     assert not reader.is_alive() and handle.state == "closed"
     assert sum(c.tokens for c in got) < 400
     assert s.generate("Hi", max_tokens=4, temperature=0).text == expected
+
+
+def test_closing_the_session_ends_streams_other_threads_left_half_read() -> None:
+    """A stream another thread read halfway and then left (its reader parked), and one
+    queued behind it: session.close() ends both and returns. Before the fix it waited
+    for the half-read stream to end, which it never did: close hung forever."""
+    from tests.serve_harness import FakeSession
+
+    s = FakeSession()
+    parked, release = threading.Event(), threading.Event()
+    held: list[Any] = []
+
+    def reader() -> None:
+        handle = s.start("Once", max_tokens=100)
+        held.append((handle, next(handle)))
+        parked.set()
+        release.wait(30)  # parked: the stream stays half-read
+
+    def waiter(out: list[list[StreamChunk]]) -> None:
+        out.append(list(queued))
+
+    threading.Thread(target=reader, daemon=True).start()
+    assert parked.wait(10)
+    queued = s.start("Hi", max_tokens=4)
+    got: list[list[StreamChunk]] = []
+    queued_reader = threading.Thread(target=waiter, args=(got,), daemon=True)
+    queued_reader.start()
+    deadline = time.monotonic() + 10
+    while s.waiting != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    closer = threading.Thread(target=s.close, daemon=True)
+    closer.start()
+    closer.join(5)
+    release.set()
+    assert not closer.is_alive(), "session.close() hung on a half-read stream"
+    queued_reader.join(5)  # woken by the close: its stream ends without starting
+    handle, _ = held[0]
+    assert handle.state == "closed" and list(handle) == []
+    assert got == [[]] and not queued.started and s.state.runs[0].reason == "closed"
+    assert len(s.state.runs) == 1
+
+
+def test_a_closed_session_refuses_every_generation() -> None:
+    """On any target, a generation after close is a GenerationError, also one whose handle
+    was made before the close; before the fix the base Session ran it on the freed runtime
+    unless the target checked by itself."""
+    from tests.serve_harness import FakeSession
+
+    s = FakeSession()
+    early = s.start("Once", max_tokens=2)
+    s.close()
+    for call in (
+        lambda: s.start("Once", max_tokens=2),
+        lambda: s.generate("Once", max_tokens=2),
+        lambda: s.chat(HI, max_tokens=2),
+        lambda: list(s.stream_from_tokens([1, 2], max_tokens=2)),
+        lambda: next(early),
+    ):
+        with pytest.raises(GenerationError, match="closed"):
+            call()
+    assert s.state.runs == [] and early.state == "finished" and not early.started
+    s.close()  # still idempotent
 
 
 def test_closing_an_openvino_stream_does_not_wait_for_its_pipeline(models: Models) -> None:

@@ -859,6 +859,102 @@ def test_a_plain_request_that_fails_is_a_500_json_error() -> None:
         assert_still_serving(live)
 
 
+# --- connections that never finish a request: closed, not held (slowloris) ----------------
+
+
+def _closed_within(s: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``s`` within ``seconds`` (what it still sends is read)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        s.settimeout(left)
+        try:
+            if s.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            return False
+    return False
+
+
+def test_a_connection_that_never_completes_its_headers_is_closed() -> None:
+    """uvicorn alone keeps such a connection open forever: a few thousand of them and the
+    server accepts nobody. Before the fix all three stayed open."""
+    fake = FakeSession()
+    with LiveServer(fake, model_name="fake", header_timeout=1.0) as live:
+        silent, partial, trickle = (
+            socket.create_connection(("127.0.0.1", live.port), timeout=10) for _ in range(3)
+        )
+        with silent, partial, trickle:
+            partial.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            start = time.monotonic()
+            for byte in b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaa":
+                if time.monotonic() - start > 2.5:
+                    break
+                try:  # a byte every 0.1 s: uvicorn's own timer restarts at each one
+                    trickle.sendall(bytes([byte]))
+                except OSError:
+                    break  # closed by the server, as it should be
+                time.sleep(0.1)
+            assert _closed_within(silent, 3) and _closed_within(partial, 3)
+            assert _closed_within(trickle, 3)
+        assert fake.state.runs == []
+        assert_still_serving(live)
+
+
+def test_the_header_deadline_spares_keep_alive_and_long_answers() -> None:
+    """The deadline covers a request's headers only: a stream that takes longer than it is
+    answered whole, and a kept-alive connection serves its next request; once idle after
+    its answer, the connection is closed like a silent one."""
+    fake = FakeSession(token_delay=0.05)  # 40 tokens: 2 s, twice the deadline
+    with LiveServer(fake, model_name="fake", header_timeout=1.0) as live:
+        with socket.create_connection(("127.0.0.1", live.port), timeout=20) as s:
+            keep = {"Connection": "keep-alive"}
+            s.sendall(
+                http_bytes(
+                    "POST",
+                    "/v1/completions",
+                    completion(stream=True, max_tokens=40),
+                    keep,
+                    port=live.port,
+                )
+            )
+            got = b""
+            while not got.endswith(b"\r\n0\r\n\r\n"):  # the last chunk of the answer
+                part = s.recv(65536)
+                assert part, got[-300:]
+                got += part
+            assert b"data: [DONE]" in got and fake.state.runs[-1].tokens == 40
+            s.sendall(http_bytes("GET", "/health", b"", keep, port=live.port))
+            assert b"200 OK" in s.recv(65536)
+            assert _closed_within(s, 3)  # then silent: closed
+        assert_still_serving(live)
+
+
+def test_serving_on_a_taken_port_is_a_serve_error() -> None:
+    """uvicorn binds with sys.exit(3) on failure: serve() raised SystemExit before the fix."""
+    from edgekit.errors import ServeError
+    from edgekit.serve import serve
+    from edgekit.serve_config import ServeConfig
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = ServeConfig(model_name="fake", port=taken.getsockname()[1])
+        with pytest.raises(ServeError, match="cannot listen") as caught:
+            serve(FakeSession(), config)
+    assert "--port" in caught.value.hint
+
+
+@pytest.mark.parametrize("value", ["30", None, True, float("nan"), float("inf"), 0, -1])
+@pytest.mark.parametrize("name", ["header_timeout", "body_timeout", "send_timeout"])
+def test_a_bad_timeout_is_a_serve_error(name: str, value: Any) -> None:
+    # before the fix a string or None was a TypeError, and NaN or True were accepted
+    from edgekit.errors import ServeError
+    from edgekit.serve_config import ServeConfig
+
+    with pytest.raises(ServeError, match=name):
+        ServeConfig(model_name="m", **{name: value})
+
+
 # --- starting the server: no open server by accident ---------------------------------------
 
 
