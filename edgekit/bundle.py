@@ -17,6 +17,7 @@ OpenVINO variants is dequantized once. ``bundle_open`` reads and verifies bundle
 from __future__ import annotations
 
 import math
+import os
 import platform
 import socket
 from contextlib import nullcontext
@@ -163,6 +164,11 @@ def pack(
         ModelError, ConversionError: from inspection and conversion; nothing is left at ``out``.
         QualityError: a variant measured a larger loss than ``max_quality_loss``.
     """
+    for what, value in (("model", model), ("out", out)):
+        if not isinstance(value, str | os.PathLike):
+            raise UnsupportedConversionError(
+                f"pack's {what} is a path (a string or a Path), not {type(value).__name__}"
+            )
     model, out = Path(model), Path(out)
     check_destination(out, force=force)
     spec = inspect_model(model)
@@ -303,6 +309,13 @@ def validate_pack(
         TargetUnavailableError: a conversion tool (or, with ``max_quality_loss``, the
             target that evaluates the variant) is not installed here.
     """
+    if not isinstance(variants, list | tuple) or not all(
+        isinstance(v, VariantRequest) for v in variants
+    ):
+        raise UnsupportedConversionError(
+            "variants must be a list of VariantRequest",
+            hint="e.g. [VariantRequest(quant='Q4_K_M')]",
+        )
     if not variants:
         raise UnsupportedConversionError(
             "no variant asked for", hint="pass --quant Q4_K_M (or several)"
@@ -339,9 +352,12 @@ def _plan_variant(spec: ModelSpec, model: Path, request: VariantRequest) -> Plan
             f"{clean_text(str(asked))!r} is not a {fmt.display} quantization",
             hint=f"choose one of {', '.join(fmt.quants)}",
         )
-    if request.context is not None and not 0 < request.context <= MAX_CONTEXT:
+    context = request.context
+    if context is not None and (
+        isinstance(context, bool) or not isinstance(context, int) or not 0 < context <= MAX_CONTEXT
+    ):
         raise UnsupportedConversionError(
-            f"context {request.context} is not a usable context length",
+            f"context {clean_text(repr(context))} is not a usable context length",
             hint=f"pass a positive number of tokens up to {MAX_CONTEXT:,}, e.g. 4096",
         )
     recipe = Recipe(weights=quant.name).with_options(request.recipe)

@@ -59,6 +59,11 @@ def open_bundle(path: str | Path) -> OpenedBundle:
         BundleSchemaError: the manifest is invalid or of an unknown version.
         UnsafeArchiveError: the archive was refused.
     """
+    if not isinstance(path, str | os.PathLike):
+        raise BundleNotFoundError(
+            f"a bundle path is a string or a Path, not {type(path).__name__}",
+            hint="pass the bundle's folder or .tar file",
+        )
     path = Path(path).expanduser()
     if not path.exists():
         raise BundleNotFoundError(f"{path}: no such bundle")

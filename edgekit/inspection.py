@@ -10,6 +10,7 @@ only) and every JSON document through ``edgekit.untrusted.parse_json``.
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -66,6 +67,11 @@ def inspect_model(path: str | Path) -> ModelSpec:
         UnsafeModelError: the weights exist only as pickle checkpoints.
         UnsupportedArchitectureError: the family is not in edgekit's table.
     """
+    if not isinstance(path, str | os.PathLike):
+        raise ModelNotFoundError(
+            f"a model path is a string or a Path, not {type(path).__name__}",
+            hint="pass the model's folder or .gguf file",
+        )
     if "\x00" in str(path):
         raise ModelNotFoundError(f"{shown(str(path))}: a path cannot contain a NUL byte")
     p = Path(path).expanduser()

@@ -301,6 +301,29 @@ def test_pack_defaults_to_the_target_formats_own_quantization(tmp_path: Path) ->
         _plan_variant(spec, hf, VariantRequest(target="llamacpp", quant=4))  # type: ignore[arg-type]
 
 
+def test_public_calls_refuse_values_of_the_wrong_type(tmp_path: Path) -> None:
+    """A path that is not a path, a variants argument that is not a list of requests, a
+    context that is not an integer: edgekit errors, not TypeError or AttributeError."""
+    require("torch", "the tiny model is built with torch")
+    from edgekit.errors import BundleNotFoundError, ModelNotFoundError
+    from edgekit.inspection import inspect_model
+    from tests.tiny_models import build_tiny_model
+
+    hf = build_tiny_model("llama", tmp_path / "hf")
+    with pytest.raises(BundleNotFoundError, match="not NoneType"):
+        edgekit.load(None)  # type: ignore[arg-type]
+    with pytest.raises(ModelNotFoundError, match="not int"):
+        inspect_model(5)  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedConversionError, match="model is a path"):
+        pack(None, tmp_path / "out", [VariantRequest()])  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedConversionError, match="list of VariantRequest"):
+        pack(hf, tmp_path / "out", "Q4_K_M")  # type: ignore[arg-type]
+    for context in ("4096", 1.5, True, 0):
+        with pytest.raises(UnsupportedConversionError, match="not a usable context"):
+            pack(hf, tmp_path / "out", [VariantRequest(quant="Q8_0", context=context)])  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
+
+
 def test_unknown_variant_lists_the_present_ones(bundle: Path) -> None:
     with pytest.raises(BundleSchemaError) as info:
         edgekit.load(bundle, variant="gguf-q2_k")
