@@ -5,8 +5,9 @@ names that are absolute, contain ``..``, ``.``, empty components, backslashes or
 characters, are not UTF-8, longer than ``MAX_NAME_BYTES`` or deeper than ``MAX_DEPTH``; a
 file at the top (the archive holds one folder); a name twice, or a file where a folder is;
 more than ``MAX_MEMBERS`` members or ``MAX_TOTAL_BYTES`` in all; extended headers larger
-than ``MAX_EXTENDED_BYTES``; a compressed file; a bad header checksum; an archive cut
-short (a member's data, a header, or the end-of-archive marker missing).
+than ``MAX_EXTENDED_BYTES`` (all those before one member together); a compressed file; a
+bad header checksum; an archive cut short (a member's data, a header, or the
+end-of-archive marker missing).
 
 ``edgekit.archive`` extracts what this pass accepted.
 """
@@ -104,7 +105,9 @@ def _pax_records(data: bytes, name: str) -> dict[str, str]:
     records: dict[str, str] = {}
     pos = 0
     while pos < len(data):
-        if data[pos:].strip(b"\0") == b"":
+        if data[pos] == 0:  # NUL padding ends the records; checked without a copy per record
+            if data.count(0, pos) != len(data) - pos:
+                raise refuse(name, "has a malformed extended header")
             break
         space = data.find(b" ", pos, pos + 21)
         try:
@@ -277,6 +280,7 @@ class _Reader:
         self.members: list[Member] = []
         self.total = 0
         self.pending: dict[str, str] = {}  # pax records for the next member
+        self.extended = 0  # bytes of extended headers since the last member
         self.long_name: bytes | None = None  # a GNU long name for the next member
         self.offset = 0
 
@@ -322,10 +326,14 @@ class _Reader:
         return end
 
     def _extended(self, header: _Header) -> None:
-        if header.size > MAX_EXTENDED_BYTES:
+        # The limit holds for all the extended headers before one member together: one
+        # after another, each under it, they would pile records up in memory unbounded.
+        self.extended += header.size
+        if self.extended > MAX_EXTENDED_BYTES:
             raise refuse(
                 header.shown,
-                f"is an extended header of {header.size:,} bytes (limit {MAX_EXTENDED_BYTES:,})",
+                f"is an extended header of {header.size:,} bytes, {self.extended:,} with "
+                f"those before it for one member (limit {MAX_EXTENDED_BYTES:,})",
             )
         self.f.seek(header.data_offset)
         data = self.f.read(header.size)
@@ -361,7 +369,7 @@ class _Reader:
             self.offset = self._end_of(name, header.data_offset, size)
         link_target = pending.get("linkpath") or header.link
         sparse = any(k.startswith("GNU.sparse") for k in pending)
-        self.pending, self.long_name = {}, None
+        self.pending, self.long_name, self.extended = {}, None, 0
         if len(self.members) >= self.max_members:
             raise UnsafeArchiveError(f"the archive has more than {self.max_members:,} members")
         if header.typeflag == b"S" or sparse:

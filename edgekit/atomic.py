@@ -43,6 +43,7 @@ from typing import BinaryIO
 
 from edgekit.errors import OutputExistsError, WriteError
 from edgekit.safe_files import HAS_DIR_FD
+from edgekit.untrusted import clean_text
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,14 @@ def check_destination(dest: Path, *, force: bool) -> None:
 
     Raises:
         OutputExistsError: the destination exists (a dangling link counts).
+        WriteError: the path holds a NUL byte (no file system takes one; ``lexists``
+            would only say False, and the first write raise a bare ValueError).
     """
+    if "\0" in os.fspath(dest):
+        raise WriteError(
+            f"{clean_text(os.fspath(dest))!r}: an output path cannot contain a NUL byte",
+            hint="choose another output path",
+        )
     if os.path.lexists(dest) and not force:
         raise OutputExistsError(
             f"{dest} already exists", hint="pass --force (force=True) to replace it"

@@ -64,6 +64,10 @@ def open_bundle(path: str | Path) -> OpenedBundle:
             f"a bundle path is a string or a Path, not {type(path).__name__}",
             hint="pass the bundle's folder or .tar file",
         )
+    if "\0" in os.fspath(path):
+        raise BundleNotFoundError(
+            f"{clean_text(os.fspath(path))!r}: a bundle path cannot contain a NUL byte"
+        )
     path = Path(path).expanduser()
     if not path.exists():
         raise BundleNotFoundError(f"{path}: no such bundle")
@@ -81,35 +85,69 @@ def _extracted(archive: Path) -> Path:
     the archive was accepted and its manifest read: a refused archive leaves nothing in
     the cache. A cache entry that is not one real folder with a manifest is replaced.
     """
-    st = archive.stat()
-    key = hashlib.sha256(
-        f"{archive.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()
-    ).hexdigest()[:16]
-    dest = cache_folder() / key
+    dest = cache_folder() / _cache_key(archive)
     cached = _cached_bundle(dest)
     if cached is not None:
         return cached
     with work_dir(dest, "partial") as box:
-        if os.path.lexists(dest):  # a damaged entry: moved aside, removed with the box
-            os.rename(dest, box / "damaged")
-        staged = box / key
+        staged = box / dest.name
         top = extract_archive(archive, staged)
         read_manifest(top)
-        try:
-            os.rename(staged, dest)
-        except OSError:
-            if _cached_bundle(dest) is None:  # not another process's finished extraction
-                raise
+        _install(staged, dest, box)
     folder = _cached_bundle(dest)
     if folder is None:
         raise BundleError(f"{archive}: the extracted bundle disappeared from {dest}")
     return folder
 
 
-def _cached_bundle(dest: Path) -> Path | None:
-    """The bundle folder in a cache entry: exactly one real folder, holding a manifest."""
+def _cache_key(archive: Path) -> str:
+    """Which cache entry is ``archive``'s. Size and modification time alone let an archive
+    rewritten in place (its mtime set back, or a coarse clock) reuse the old extraction;
+    the inode and the change time (which no one can set back) catch that."""
+    st = archive.stat()
+    facts = (archive.resolve(), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, st.st_ctime_ns)
+    return hashlib.sha256("\0".join(map(str, facts)).encode()).hexdigest()[:16]
+
+
+def _install(staged: Path, dest: Path, box: Path) -> None:
+    """Rename the extraction ``staged`` into place at ``dest``. Another process that
+    extracted the same archive meanwhile wins (its entry may be in use: it is never moved
+    away); only a damaged entry is moved into ``box`` (removed with it) and replaced."""
+    if _renamed_into(staged, dest):
+        return
+    aside = box / "damaged"
     try:
-        if not stat.S_ISDIR(os.lstat(dest).st_mode):
+        os.rename(dest, aside)
+    except FileNotFoundError:
+        pass  # another process moved it aside first
+    except OSError as exc:
+        raise BundleError(
+            f"cannot replace the damaged cache entry {dest}: {exc.strerror}",
+            hint="remove it, or set EDGEKIT_CACHE to another folder",
+        ) from exc
+    if _cached_bundle(aside) is not None:  # finished by another process since we looked
+        staged = aside  # put it back rather than ours
+    if not _renamed_into(staged, dest):
+        raise BundleError(f"cannot install the extracted bundle at {dest}")
+
+
+def _renamed_into(staged: Path, dest: Path) -> bool:
+    """Whether ``dest`` now holds a finished entry: ``staged`` renamed there, or another
+    process's (a rename never replaces a folder that holds files)."""
+    try:
+        os.rename(staged, dest)
+    except OSError:
+        return _cached_bundle(dest) is not None
+    return True
+
+
+def _cached_bundle(dest: Path) -> Path | None:
+    """The bundle folder in a cache entry: exactly one real folder, holding a manifest,
+    owned by this user (in a cache folder others can write to, an entry planted at the
+    predictable key by someone else is not trusted: it is replaced)."""
+    try:
+        st = os.lstat(dest)
+        if not stat.S_ISDIR(st.st_mode) or not _owned(st):
             return None
         entries = list(os.scandir(dest))
     except OSError:
@@ -118,10 +156,17 @@ def _cached_bundle(dest: Path) -> Path | None:
         return None
     folder = Path(entries[0].path)
     try:
-        manifest = os.lstat(folder / MANIFEST_NAME)
+        inner, manifest = os.lstat(folder), os.lstat(folder / MANIFEST_NAME)
     except OSError:
         return None
-    return folder if stat.S_ISREG(manifest.st_mode) else None
+    ok = stat.S_ISREG(manifest.st_mode) and _owned(inner) and _owned(manifest)
+    return folder if ok else None
+
+
+def _owned(st: os.stat_result) -> bool:
+    """Whether this user owns what ``st`` describes (always, where there are no uids)."""
+    getuid = getattr(os, "getuid", None)
+    return getuid is None or st.st_uid == getuid()
 
 
 def verify_bundle(folder: Path, manifest: Manifest, *, checksums: bool = True) -> None:

@@ -260,6 +260,24 @@ def pax_header_huge(_outside: Path) -> bytes:
     return payload + rest
 
 
+def pax_headers_stacked(_outside: Path) -> bytes:
+    """Extended headers one after another before one member, each under the limit:
+    together they piled records up in memory as large as the archive."""
+    headers = b""
+    for n in range(3):
+        record = b"c%d=" % n + b"z" * (700 << 10) + b"\n"
+        length = len(record) + 1
+        length = len(record) + len(str(length)) + 1
+        body = b"%d %s" % (length, record)
+        info = tarfile.TarInfo("././@PaxHeader")
+        info.type = tarfile.XHDTYPE
+        info.size = len(body)
+        head = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+        headers += head + body + b"\0" * (-len(body) % 512)
+    rest = tar_bytes(*BASE, fmt=tarfile.USTAR_FORMAT)
+    return rest[:512] + headers + rest[512:]  # between the folder and the manifest
+
+
 def pax_path_override(_outside: Path) -> bytes:
     info, data = reg("b/ok.gguf", b"pwned")
     info.pax_headers = {"path": "b/../../outside/pax"}
@@ -369,6 +387,9 @@ ARCHIVES: dict[str, ArchiveCase] = {
         "..",
     ),
     "pax-path-override": ArchiveCase(pax_path_override, UnsafeArchiveError, ".."),
+    "pax-headers-stacked": ArchiveCase(
+        pax_headers_stacked, UnsafeArchiveError, "with those before it"
+    ),
     "top-level-file-only": ArchiveCase(
         lambda o: tar_bytes(reg("manifest.json", b"{}")), UnsafeArchiveError, "top"
     ),
