@@ -349,7 +349,7 @@ def _plan_variant(spec: ModelSpec, model: Path, request: VariantRequest) -> Plan
     quant = fmt.quant(asked) if isinstance(asked, str) else None
     if quant is None:
         raise UnsupportedConversionError(
-            f"{clean_text(str(asked))!r} is not a {fmt.display} quantization",
+            f"{clean_text(str(asked))!r} is not one of the {fmt.display} quantizations",
             hint=f"choose one of {', '.join(fmt.quants)}",
         )
     context = request.context

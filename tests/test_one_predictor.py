@@ -98,8 +98,13 @@ def _plan_admits(
 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_load_and_plan_agree_on_every_variant(
-    packed: tuple[Path, OpenedBundle], context: int
+    packed: tuple[Path, OpenedBundle],
+    context: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Uncalibrated: an empty cache (other tests of the session record benchmarks)."""
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path))
     hf, opened = packed
     variants = opened.manifest.variants
     assert {v.format for v in variants} == {"gguf", "openvino"} and len(variants) == 4
