@@ -122,3 +122,21 @@ def smollm2_hf(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_bundle(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model packed as llama.cpp Q4_K_M and OpenVINO INT4 (the README's
+    benchmark pair), built once per test session: the OpenVINO export of the 135M model
+    takes minutes here, and benchmarks only read the bundle."""
+    require("llama_cpp", "the bundle has a GGUF variant")
+    require("optimum.intel", "the bundle has an OpenVINO variant")
+    from edgekit.bundle import VariantRequest, pack
+
+    out = tmp_path_factory.mktemp("smollm2-bundle") / "smollm2"
+    pack(
+        default_gguf,
+        out,
+        [VariantRequest(quant="Q4_K_M"), VariantRequest(target="openvino", quant="INT4")],
+    )
+    return out

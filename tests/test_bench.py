@@ -130,18 +130,9 @@ def test_a_run_is_filed_under_the_unit_the_session_ran_on() -> None:
 
 
 @pytest.fixture(scope="module")
-def bundle(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require("llama_cpp", "the bundle has a GGUF variant")
+def bundle(smollm2_bundle: Path) -> Path:
     require("openvino_genai", "the bundle has an OpenVINO variant")
-    from edgekit.bundle import VariantRequest, pack
-
-    out = tmp_path_factory.mktemp("bench") / "b"
-    pack(
-        default_gguf,
-        out,
-        [VariantRequest(quant="Q4_K_M"), VariantRequest(target="openvino", quant="INT4")],
-    )
-    return out
+    return smollm2_bundle
 
 
 @pytest.mark.parametrize("variant", ["gguf-q4_k_m", "openvino-int4"])

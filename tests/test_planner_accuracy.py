@@ -39,7 +39,9 @@ BENCH = ["--prompt-lengths", "128,512", "--gen-tokens", "64", "--repeats", "2", 
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory: pytest.TempPathFactory, default_gguf: Path) -> list[tuple[Path, str]]:
+def bundles(
+    tmp_path_factory: pytest.TempPathFactory, smollm2_bundle: Path
+) -> list[tuple[Path, str]]:
     require("torch", "the tiny models are built with torch")
     require("llama_cpp", "the llama.cpp target")
     require("optimum.intel", "the OpenVINO export")
@@ -56,13 +58,7 @@ def bundles(tmp_path_factory: pytest.TempPathFactory, default_gguf: Path) -> lis
         b = root / name
         pack(hf, b, [VariantRequest(quant="Q8_0"), VariantRequest(target="openvino", quant="INT8")])
         out += [(b, "gguf-q8_0"), (b, "openvino-int8")]
-    smol = root / "smollm2"
-    pack(
-        default_gguf,
-        smol,
-        [VariantRequest(quant="Q4_K_M"), VariantRequest(target="openvino", quant="INT4")],
-    )
-    out += [(smol, "gguf-q4_k_m"), (smol, "openvino-int4")]
+    out += [(smollm2_bundle, "gguf-q4_k_m"), (smollm2_bundle, "openvino-int4")]
     return out
 
 
