@@ -61,6 +61,10 @@ class UnitSupport:
     kind: UnitKind
     formats: tuple[str, ...]
     priors: Coefficients
+    # Why edgekit cannot build variants that run on this unit yet, though it builds the
+    # format for another ("": it can). The planner then marks the unit's candidates
+    # prediction-only, so pack --device never packs a variant that would not run there.
+    not_built: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,7 @@ from edgekit.converters import convert, graph
 from edgekit.converters.formats import ConvertRequest, Edge, Format, Quant
 from edgekit.converters.gguf import FORMAT as GGUF
 from edgekit.converters.layouts import WeightLayout
+from edgekit.converters.mlx import FORMAT as MLX
 from edgekit.converters.onnx import FORMAT as ONNX
 from edgekit.converters.openvino import FORMAT as OPENVINO
 from edgekit.converters.recipe import Recipe
@@ -53,8 +54,9 @@ def test_outputs_and_reachable_follow_the_edges() -> None:
     assert graph.reachable("hf", BUILT) == ("gguf", "openvino")  # not back to itself
     assert graph.reachable("gguf", BUILT) == ("gguf", "openvino", "hf")
     assert graph.reachable("openvino", BUILT) == ()
-    # a format without edges adds no output
-    assert graph.outputs((*BUILT, ONNX)) == ("gguf", "openvino", "hf")
+    # a format without edges adds no output; one with edges adds its own
+    assert graph.outputs((*BUILT, MLX)) == ("gguf", "openvino", "hf")
+    assert graph.outputs((*BUILT, ONNX)) == ("gguf", "openvino", "onnx", "hf")
 
 
 def test_unknown_output_lists_what_edgekit_writes() -> None:
@@ -64,9 +66,9 @@ def test_unknown_output_lists_what_edgekit_writes() -> None:
 
 
 def test_a_planned_format_is_refused_as_not_buildable_yet() -> None:
-    assert not ONNX.buildable and ONNX.edges() == ()
-    with pytest.raises(UnsupportedConversionError, match="cannot build ONNX models yet") as e:
-        graph.route("hf", "onnx", (*BUILT, ONNX))
+    assert not MLX.buildable and MLX.edges() == ()
+    with pytest.raises(UnsupportedConversionError, match="cannot build MLX models yet") as e:
+        graph.route("hf", "mlx", (*BUILT, MLX))
     assert e.value.hint == "use gguf, openvino or hf"
 
 
@@ -82,7 +84,7 @@ def test_no_route_says_what_is_reachable() -> None:
 def test_the_product_graph_is_the_registered_formats() -> None:
     """Without ``formats`` the graph reads the registry: today's targets give today's
     outputs (a target added with a new format would add its own)."""
-    assert graph.outputs() == graph.outputs(BUILT)
+    assert graph.outputs() == graph.outputs((*BUILT, ONNX))
     assert _steps("gguf", "openvino") == [
         f"{e.source}->{e.output}" for e in graph.route("gguf", "openvino")
     ]
@@ -131,7 +133,7 @@ def test_convert_refuses_before_writing_when_a_later_step_fails(tmp_path: Path) 
 def test_already_in_the_output_kind(tmp_path: Path, tiny_hf: Path) -> None:
     with pytest.raises(UnsupportedConversionError, match="is already a Hugging Face folder") as e:
         convert.convert_model(tiny_hf, "hf", tmp_path / "out")
-    assert e.value.hint == "convert it --to gguf or openvino"
+    assert e.value.hint == "convert it --to gguf or openvino or onnx"
 
 
 @pytest.fixture

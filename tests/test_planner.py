@@ -128,8 +128,10 @@ def test_rejections_are_one_line_and_name_the_limit(specs: dict[str, ModelSpec])
     assert not q8.fits
     assert q8.rejections[0].startswith("llamacpp Q8_0 needs ")
     assert "the phone lets an app use about 6.00 GiB" in q8.rejections[0]
-    # the Hexagon NPU maps 4 GiB: a 7B INT8 cannot load there
-    assert "maps at most 4.00 GiB" in by[("qnn", "INT8")].rejections[0]
+    # the Hexagon NPU maps 4 GiB: a 7B INT8 cannot load there (the QNN target's CPU
+    # unit plans INT8 too: the NPU's candidate is the one on the npu unit)
+    npu = next(c for c in p.candidates if (c.target, c.format, c.unit) == ("qnn", "INT8", "npu"))
+    assert "maps at most 4.00 GiB" in npu.rejections[0]
     assert all("\n" not in r for c in p.candidates for r in c.rejections)
 
 
@@ -353,3 +355,26 @@ def test_within_a_tier_requantizing_up_ranks_after_what_does_not(
     assert own.quality_tier == up.quality_tier
     faster_up = replace(up, prediction=replace(up.prediction, decode_tok_s=1e9))
     assert sorted([faster_up, own], key=rank) == [own, faster_up]
+
+
+def test_a_unit_edgekit_cannot_build_for_is_prediction_only(tmp_path: Path) -> None:
+    """A target that builds its format for one unit but not another (QNN: ONNX CPU
+    variants yes, the Hexagon HTP variant not yet): the other unit's candidates are
+    predicted and ranked but never packed, and say why."""
+    from edgekit.targets.registry import all_targets
+
+    spec = _config_spec(tmp_path, MISTRAL_7B, "mistral")
+    split = [(t, u) for t in all_targets() for u in t.units if u.not_built and t.runs]
+    assert split, "no runnable target declares a unit it cannot build for"
+    for target, unit in split:
+        profile = next(
+            load_profile(n)
+            for n in ("galaxy-s25-ultra", "galaxy-s24-ultra")
+            if target.name in load_profile(n).targets
+        )
+        p = plan(spec, profile, Budgets(context=2048))
+        on_unit = [c for c in p.candidates if (c.target, c.unit) == (target.name, unit.kind)]
+        assert on_unit and all(not c.buildable and c.build_note == unit.not_built for c in on_unit)
+        other = [c for c in p.candidates if c.target == target.name and c.unit != unit.kind]
+        assert other and all(c.buildable for c in other)
+        assert p.choice is None or (p.choice.target, p.choice.unit) != (target.name, unit.kind)

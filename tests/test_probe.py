@@ -86,8 +86,17 @@ def test_usable_targets_match_installed_sdks(probe_json: dict) -> None:
         # The set-up builds llama.cpp portable (GGML_NATIVE=OFF): AVX2 on, no AMX kernels.
         assert "AVX2" in by_name["llamacpp"]["detail"]
         assert "AMX" not in by_name["llamacpp"]["detail"]
-    assert by_name["qnn"]["usable"] is False  # no Snapdragon here: and it says why
-    assert "QNN" in by_name["qnn"]["detail"] or "not installed" in by_name["qnn"]["detail"]
+    # ONNX Runtime's CPU provider runs wherever onnxruntime-genai is installed; there is
+    # no Snapdragon here, and the detail says so beside the providers it found
+    qnn = by_name["qnn"]
+    onnx_sdk = all(
+        importlib.util.find_spec(m) for m in ("onnxruntime", "onnxruntime_genai", "tokenizers")
+    )
+    assert qnn["installed"] == qnn["usable"] == onnx_sdk
+    if onnx_sdk:
+        assert "CPUExecutionProvider" in qnn["detail"] and "no QNN HTP here" in qnn["detail"]
+    else:
+        assert "not installed" in qnn["detail"]
 
 
 def test_measure_adds_a_measured_bandwidth() -> None:

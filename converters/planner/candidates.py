@@ -55,10 +55,14 @@ def limit_why(profile: DeviceProfile, unit: Unit, budgets: Budgets) -> tuple[int
     return limit, "the device leaves a model"
 
 
-def buildable(spec: ModelSpec, target: type[Target]) -> tuple[bool, str]:
-    """Whether edgekit can build and run ``spec`` for ``target``, and why not."""
+def buildable(spec: ModelSpec, target: type[Target], unit_kind: str) -> tuple[bool, str]:
+    """Whether edgekit can build ``spec`` for ``target`` to run on a ``unit_kind`` unit,
+    and why not."""
     if not (target.runs and target.format.buildable):
         return False, f"edgekit cannot build {target.name} bundles yet (prediction only)"
+    support = target.unit(unit_kind)
+    if support is not None and support.not_built:
+        return False, support.not_built
     why = target.format.cannot_build(spec)
     return (False, why) if why else (True, "")
 
@@ -90,7 +94,7 @@ def candidate(
     reasons = _memory_and_device(f"{target.name} {fmt}", pred, limit, why, unit, budgets)
     reasons += _power(profile, slot.mode, budgets)
     reasons += _speed_and_quality(f"{target.name} {fmt}", pred, kl, kl_source, budgets)
-    can_build, build_note = buildable(spec, target)
+    can_build, build_note = buildable(spec, target, unit.accelerator.kind)
     return Candidate(
         target=target.name,
         unit=unit.accelerator.kind,

@@ -1,0 +1,103 @@
+"""ONNX as a bundle format: the folders onnxruntime-genai's model builder writes for the
+CPU execution provider (model.onnx + model.onnx.data, genai_config.json, the tokenizer),
+what each quantization weighs tensor by tensor, the quality each is expected to lose, and
+the build edge.
+
+INT8 and INT4 are also the names the QNN target plans with; the layout here is the CPU
+build's (MatMulNBits blocks), which is what edgekit builds today.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import ClassVar
+
+from edgekit.converters.formats import Edge, Format, Quant
+from edgekit.converters.layouts import WeightLayout
+from edgekit.converters.onnx.edges import EDGES, cannot_build
+from edgekit.converters.onnx.export import SETTINGS_FILE
+from edgekit.converters.onnx.layout import BLOCK_SIZES, DEFAULT_BLOCK, onnx_layout
+
+from edgekit.modelspec import ModelSpec
+
+_SETTINGS_MAX = 64 * 1024
+
+
+# Measured here (docs/onnx.md): SmolLM2-135M-Instruct from the embedded Q4_1 GGUF, built
+# FP32, INT8 and INT4; next-token KL against the FP32 build (within 2.5e-6 of
+# transformers in the tiny-model parity tests) over 512 tokens of the shipped text,
+# onnxruntime-genai on the CPU provider.
+_MEASURED = "measured (SmolLM2-135M, 512 tokens, against the FP32 build)"
+
+
+def _quants() -> dict[str, Quant]:
+    return {
+        "FP32": Quant(
+            name="FP32",
+            bits_per_weight=32.0,
+            expected_kl=0.0,
+            kl_source="lossless against the source",
+            note="every weight f32: the parity reference",
+            lossless=True,
+        ),
+        # 8 bits and one f32 scale per block of 32: 9 bits per weight
+        "INT8": Quant(
+            name="INT8",
+            bits_per_weight=9.0,
+            expected_kl=0.00549,
+            kl_source=_MEASURED,
+            note="MatMulNBits 8-bit symmetric, blocks of 32 (embedding f32)",
+        ),
+        # a tied embedding shares lm_head's 4-bit blocks: most of the loss on SmolLM2
+        "INT4": Quant(
+            name="INT4",
+            bits_per_weight=5.0,
+            expected_kl=0.48455,
+            kl_source=_MEASURED,
+            note="MatMulNBits 4-bit symmetric, blocks of 32 (untied embedding f32)",
+        ),
+    }
+
+
+class OnnxFormat(Format):
+    """An onnxruntime-genai model folder, loaded by onnxruntime-genai."""
+
+    name: ClassVar[str] = "onnx"
+    display: ClassVar[str] = "ONNX"
+    entry: ClassVar[str] = ""  # the variant folder itself (model.onnx, genai_config.json)
+    default_quant: ClassVar[str] = "INT4"
+    pack_quant: ClassVar[str] = "INT4"
+    quants: ClassVar[Mapping[str, Quant]] = _quants()
+
+    def layout(self, spec: ModelSpec, quant: str, *, group_size: int | None = None) -> WeightLayout:
+        """The builder's tensors; ``group_size`` is the MatMulNBits block size (16-256)."""
+        name = self.require_quant(quant).name
+        return onnx_layout(spec, name, block_size=group_size if name != "FP32" else None)
+
+    def built_layout(self, spec: ModelSpec, quant: str) -> WeightLayout:
+        """The layout at the block size the build recorded in the variant folder."""
+        name = self.require_quant(quant).name
+        block = recorded_block_size(Path(spec.path)) if name != "FP32" else None
+        return onnx_layout(spec, name, block_size=block)
+
+    def cannot_build(self, spec: ModelSpec) -> str:
+        return cannot_build(spec.family)
+
+    def edges(self) -> tuple[Edge, ...]:
+        return EDGES
+
+
+def recorded_block_size(folder: Path) -> int:
+    """The block size ``edgekit.json`` in a built variant folder records (the default
+    when there is none, or it is not one edgekit writes: the layout is an estimate then)."""
+    path = folder / SETTINGS_FILE
+    try:
+        if not path.is_file() or path.is_symlink() or path.stat().st_size > _SETTINGS_MAX:
+            return DEFAULT_BLOCK
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return DEFAULT_BLOCK
+    block = settings.get("block_size") if isinstance(settings, dict) else None
+    return block if isinstance(block, int) and block in BLOCK_SIZES else DEFAULT_BLOCK

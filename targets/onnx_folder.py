@@ -1,0 +1,273 @@
+"""An ONNX Runtime GenAI variant folder, read and checked before ONNX Runtime sees it.
+
+The folder is untrusted: ``genai_config.json`` is parsed with a size bound and strict JSON
+(``edgekit.untrusted.parse_json``), every number in it that sizes something is bounded,
+every model file it names must be a plain file name of a regular file inside the folder
+(no path, no link out), and the tokenizer files it needs must be there. A folder that
+fails any of this is a ModelFormatError naming the problem, raised before onnxruntime-genai
+opens a file (it reads what the config names, wherever that points).
+
+The tokenizer facts the session needs beside tokenizer.json come from the Hugging Face
+files the builder copies: the chat template, BOS/EOS texts and the special tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import ModelFormatError, ModelNotFoundError
+from edgekit.safe_files import UnsafePathError, open_regular, split_relative
+from edgekit.untrusted import parse_json
+
+GENAI_CONFIG = "genai_config.json"
+CONFIG_BYTES = 4 << 20  # a real genai_config.json is a few KB
+JSON_BYTES = 64 << 20  # tokenizer.json of a 256k vocabulary is about 35 MB
+MAX_VOCAB = 1 << 21  # the bounds edgekit.modelspec puts on every model
+MAX_CONTEXT = 1 << 26
+# An EPContext model wraps QNN context binaries kept beside it (ep.context_embed_mode=0):
+# the wrapper is a few KB. One larger than this is an ordinary graph (or embeds its binary,
+# which edgekit does not write) and is not scanned.
+EP_CONTEXT_SCAN_BYTES = 64 << 20
+CONVERT_HINT = "convert the model again: edgekit convert MODEL --to onnx -o DIR"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerFiles:
+    """What the Hugging Face tokenizer files say beyond onnxruntime-genai's tokenizer."""
+
+    template: str | None  # the chat template (chat_template.jinja or tokenizer_config)
+    bos: str  # BOS / EOS texts, for the template
+    eos: str
+    specials: tuple[str, ...]  # every special token's text
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenaiFolder:
+    """A checked variant folder: what genai_config.json says, and its tokenizer files."""
+
+    path: Path
+    model_type: str
+    context_length: int  # the longest sequence the model was exported for
+    vocab_size: int
+    eos_ids: tuple[int, ...]
+    model_files: tuple[str, ...]  # the ONNX graphs the decoder (or its pipeline) runs
+    logits_name: str
+    # the shortest max_length onnxruntime-genai takes: a model with a sliding window
+    # (Gemma 3) refuses a generator sized below its window
+    shortest: int
+    present_key_name: str  # "present.%d.key": the KV cache output of layer %d
+    # the execution providers the config names, lower case, with their options
+    provider_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    tokenizer: TokenizerFiles
+
+    def names_provider(self, *names: str) -> bool:
+        return any(n.lower() in self.provider_options for n in names)
+
+    def holds_ep_context(self) -> bool:
+        """Whether every model file is an EPContext model (compiled context binaries)."""
+        return bool(self.model_files) and all(
+            _is_ep_context(self.path, f) for f in self.model_files
+        )
+
+
+def read_folder(path: Path) -> GenaiFolder:
+    """Read and check ``path`` (see the module text).
+
+    Raises:
+        ModelNotFoundError: ``path`` is not a folder.
+        ModelFormatError: genai_config.json is missing, malformed or names a model file
+            that is not a regular file in the folder; tokenizer.json is missing.
+    """
+    if not path.is_dir():
+        raise ModelNotFoundError(
+            f"{path}: no such folder (an ONNX variant is a folder with {GENAI_CONFIG})",
+            hint="pass the variant folder that edgekit convert --to onnx wrote",
+        )
+    config = _object(_read_json(path, GENAI_CONFIG, CONFIG_BYTES), GENAI_CONFIG)
+    model = _object(config.get("model"), "model")
+    decoder = _object(model.get("decoder"), "model.decoder")
+    vocab = _integer(model.get("vocab_size"), "model.vocab_size", MAX_VOCAB)
+    eos = model.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
+    if not 1 <= len(eos_ids) <= 64:
+        raise _bad("model.eos_token_id is not one id or a list of 1 to 64 ids")
+    for token in eos_ids:
+        _integer(token, "model.eos_token_id", vocab - 1, low=0)
+    stages = _stages(decoder)
+    files = tuple(_model_file(path, stage) for stage in stages)
+    given = decoder.get("outputs")
+    outputs: dict[str, Any] = given if isinstance(given, dict) else {}
+    window = decoder.get("sliding_window")
+    size = window.get("window_size") if isinstance(window, dict) else None
+    context = _integer(model.get("context_length"), "model.context_length", MAX_CONTEXT)
+    shortest = 1 if size is None else _integer(size, "the sliding window_size", context)
+    model_type = model.get("type")
+    if not isinstance(model_type, str) or not model_type:
+        raise _bad("model.type is not a model type name")
+    return GenaiFolder(
+        path=path,
+        model_type=model_type,
+        context_length=context,
+        vocab_size=vocab,
+        eos_ids=tuple(int(t) for t in eos_ids),
+        model_files=files,
+        logits_name=str(outputs.get("logits", "logits")),
+        shortest=shortest,
+        present_key_name=str(outputs.get("present_key_names", "present.%d.key")),
+        provider_options=_providers([decoder, *stages]),
+        tokenizer=read_tokenizer_files(path),
+    )
+
+
+def _bad(what: str) -> ModelFormatError:
+    return ModelFormatError(f"{GENAI_CONFIG}: {what}", hint=CONVERT_HINT)
+
+
+def _read_bytes(folder: Path, name: str, max_bytes: int) -> bytes:
+    """Up to ``max_bytes`` + 1 bytes of the regular file ``folder/name`` (no link)."""
+    try:
+        fd = open_regular(folder, name)
+    except UnsafePathError as exc:
+        raise ModelFormatError(
+            f"{folder}: {exc.message}, so this is not an ONNX Runtime GenAI folder",
+            hint=CONVERT_HINT,
+        ) from exc
+    with open(fd, "rb") as f:
+        return f.read(max_bytes + 1)
+
+
+def _read_json(folder: Path, name: str, max_bytes: int, *, depth: bool = True) -> Any:
+    """The JSON document ``folder/name``, read from a regular file inside the folder."""
+    data = _read_bytes(folder, name, max_bytes)
+    return parse_json(
+        data,
+        where=str(folder / name),
+        max_bytes=max_bytes,
+        max_depth=None if not depth else 32,
+        error=ModelFormatError,
+        hint=CONVERT_HINT,
+    )
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _bad(f"{where} is not an object")
+    return value
+
+
+def _integer(value: Any, where: str, high: int, *, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad(f"{where} is {value!r}, not an integer from {low} to {high:,}")
+    return value
+
+
+def _stages(decoder: dict[str, Any]) -> list[dict[str, Any]]:
+    """The decoder's graphs: itself, or each stage of its pipeline (QNN's prompt
+    processor and token generator, each in parts)."""
+    pipeline = decoder.get("pipeline")
+    if pipeline is None:
+        return [decoder]
+    if not isinstance(pipeline, list) or not pipeline or len(pipeline) > 256:
+        raise _bad("model.decoder.pipeline is not a list of 1 to 256 stages")
+    stages = []
+    for entry in pipeline:
+        named = _object(entry, "a model.decoder.pipeline entry")
+        stages += [_object(stage, f"pipeline stage {name!r}") for name, stage in named.items()]
+    return stages
+
+
+def _model_file(folder: Path, stage: dict[str, Any]) -> str:
+    name = stage.get("filename")
+    if not isinstance(name, str) or not name:
+        raise _bad("a decoder names no model filename")
+    try:
+        parts = split_relative(name)
+        if len(parts) != 1:
+            raise UnsafePathError(name, "is not a plain file name in the folder")
+        fd = open_regular(folder, name)
+    except UnsafePathError as exc:
+        raise ModelFormatError(
+            f"{folder}: {GENAI_CONFIG} names {name!r}, which {exc.message.split(': ', 1)[-1]}",
+            hint=CONVERT_HINT,
+        ) from exc
+    else:
+        with open(fd, "rb"):
+            pass
+    return name
+
+
+def _providers(sections: Sequence[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """The providers named in the sections' session_options.provider_options."""
+    found: dict[str, dict[str, str]] = {}
+    for section in sections:
+        options = section.get("session_options")
+        entries = options.get("provider_options") if isinstance(options, dict) else None
+        for entry in entries if isinstance(entries, list) else []:
+            for name, values in entry.items() if isinstance(entry, dict) else ():
+                given = values if isinstance(values, dict) else {}
+                found.setdefault(str(name).lower(), {}).update(
+                    {str(k): str(v) for k, v in given.items()}
+                )
+    return found
+
+
+def _is_ep_context(folder: Path, name: str) -> bool:
+    """Whether the ONNX graph ``name`` holds an EPContext node: its op type is stored as
+    a protobuf string field (tag 0x22, length 9) in the node list, which a wrapper of a
+    few KB holds whole."""
+    try:
+        fd = open_regular(folder, name)
+    except UnsafePathError:
+        return False
+    with open(fd, "rb") as f:
+        data = f.read(EP_CONTEXT_SCAN_BYTES + 1)
+    return len(data) <= EP_CONTEXT_SCAN_BYTES and b'"\x09EPContext' in data
+
+
+# --- the tokenizer files ------------------------------------------------------------------
+
+
+def read_tokenizer_files(folder: Path) -> TokenizerFiles:
+    """The chat template, BOS/EOS texts and special tokens.
+
+    Raises:
+        ModelFormatError: tokenizer.json is missing or malformed (onnxruntime-genai's
+            tokenizer needs it).
+    """
+    tokenizer = _object_or_empty(_read_json(folder, "tokenizer.json", JSON_BYTES, depth=False))
+    tok_config: dict[str, Any] = {}
+    if (folder / "tokenizer_config.json").is_file():
+        tok_config = _object_or_empty(_read_json(folder, "tokenizer_config.json", JSON_BYTES))
+    template: Any = tok_config.get("chat_template")
+    if (folder / "chat_template.jinja").is_file():
+        data = _read_bytes(folder, "chat_template.jinja", JSON_BYTES)
+        template = data[:JSON_BYTES].decode("utf-8", errors="replace")
+    added = tokenizer.get("added_tokens")
+    tokens: list[Any] = list(added) if isinstance(added, list) else []
+    decoder = tok_config.get("added_tokens_decoder")
+    tokens += list(decoder.values()) if isinstance(decoder, dict) else []
+    specials = {
+        t["content"]
+        for t in tokens
+        if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str)
+    }
+    bos, eos = _token_text(tok_config.get("bos_token")), _token_text(tok_config.get("eos_token"))
+    return TokenizerFiles(
+        template=template if isinstance(template, str) else None,
+        bos=bos,
+        eos=eos,
+        specials=tuple(sorted(t for t in specials | {bos, eos} if t)),
+    )
+
+
+def _object_or_empty(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _token_text(value: Any) -> str:
+    if isinstance(value, dict):  # older tokenizer configs store AddedToken dicts
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
