@@ -48,3 +48,16 @@ def check_hf_weights(spec: ModelSpec, src: Path, what: str) -> None:
             f"{src}: {what} needs a Hugging Face folder with safetensors weights",
             hint="a GGUF is converted with --to gguf --quant (requantize) or --to hf",
         )
+
+
+def check_hf_tokenizer(src: Path) -> None:
+    """A Hugging Face folder holds its tokenizer (an exporter copies it into the variant).
+
+    Raises:
+        UnsupportedConversionError: neither tokenizer.json nor tokenizer.model is there.
+    """
+    if not (src / "tokenizer.json").is_file() and not (src / "tokenizer.model").is_file():
+        raise UnsupportedConversionError(
+            f"{src}: no tokenizer (tokenizer.json or tokenizer.model)",
+            hint="save the tokenizer beside the weights (tokenizer.save_pretrained) first",
+        )

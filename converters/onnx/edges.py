@@ -5,7 +5,7 @@ package's dequantizing edge (GGUF -> HF -> ONNX is a route of the graph).
 
 from __future__ import annotations
 
-from edgekit.converters.edge_checks import check_hf_weights, require
+from edgekit.converters.edge_checks import check_hf_tokenizer, check_hf_weights, require
 from edgekit.converters.formats import ConvertRequest, Edge
 from edgekit.converters.onnx.export import (
     BUILDABLE,
@@ -42,11 +42,7 @@ def _check_build(req: ConvertRequest) -> None:
     src = req.src
     if req.spec.format == "hf":
         check_hf_weights(req.spec, src, "ONNX export")
-        if not (src / "tokenizer.json").is_file() and not (src / "tokenizer.model").is_file():
-            raise UnsupportedConversionError(
-                f"{src}: no tokenizer (tokenizer.json or tokenizer.model)",
-                hint="save the tokenizer beside the weights (tokenizer.save_pretrained) first",
-            )
+        check_hf_tokenizer(src)
         check_config(read_config(src), str(src))
     require(BUILDER, "ONNX export")
 

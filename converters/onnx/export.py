@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgekit.converters.edge_checks import Tool, require
+from edgekit.converters.edge_checks import Tool, check_hf_tokenizer, require
 from edgekit.converters.onnx.layout import DEFAULT_BLOCK, check_block_size
 from edgekit.converters.recipe import Recipe
 
@@ -271,11 +271,7 @@ def check_source(src: Path) -> str:
             f"{src}: ONNX export needs a Hugging Face folder with weights",
             hint="convert a GGUF to a Hugging Face folder first: edgekit convert M.gguf --to hf",
         )
-    if not (src / "tokenizer.json").is_file() and not (src / "tokenizer.model").is_file():
-        raise UnsupportedConversionError(
-            f"{src}: no tokenizer (tokenizer.json or tokenizer.model)",
-            hint="save the tokenizer beside the weights (tokenizer.save_pretrained) first",
-        )
+    check_hf_tokenizer(src)
     return check_config(read_config(src), str(src))
 
 

@@ -5,7 +5,7 @@ package's dequantizing edge (GGUF -> HF -> OpenVINO is a route of the graph).
 
 from __future__ import annotations
 
-from edgekit.converters.edge_checks import Tool, check_hf_weights, require
+from edgekit.converters.edge_checks import Tool, check_hf_tokenizer, check_hf_weights, require
 from edgekit.converters.formats import ConvertRequest, Edge
 from edgekit.converters.openvino.export import (
     EXPORTABLE,
@@ -44,11 +44,7 @@ def _check_export(req: ConvertRequest) -> None:
     spec, src = req.spec, req.src
     if spec.format == "hf":
         check_hf_weights(spec, src, "OpenVINO export")
-        if not (src / "tokenizer.json").is_file() and not (src / "tokenizer.model").is_file():
-            raise UnsupportedConversionError(
-                f"{src}: no tokenizer (tokenizer.json or tokenizer.model)",
-                hint="save the tokenizer beside the weights (tokenizer.save_pretrained) first",
-            )
+        check_hf_tokenizer(src)
     if spec.family not in EXPORTABLE:
         display = next((f.display for f in FAMILIES if f.key == spec.family), spec.family)
         raise UnsupportedConversionError(

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekit.converters.edge_checks import check_hf_tokenizer
 from edgekit.converters.recipe import Recipe
 
 from edgekit.architectures import family_for_hf
@@ -248,11 +249,7 @@ def _check_source(src: Path) -> None:
             hint="use the GGUF target for this model, or export it in an environment with an "
             "older transformers",
         )
-    if not (src / "tokenizer.json").is_file() and not (src / "tokenizer.model").is_file():
-        raise UnsupportedConversionError(
-            f"{src}: no tokenizer (tokenizer.json or tokenizer.model)",
-            hint="save the tokenizer beside the weights (tokenizer.save_pretrained) first",
-        )
+    check_hf_tokenizer(src)
 
 
 def _return_freed_memory() -> None:

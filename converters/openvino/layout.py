@@ -28,7 +28,6 @@ OPENVINO_SCHEMES: dict[str, IntScheme] = {
 }
 
 
-
 def openvino_layout(spec: ModelSpec, fmt: str, *, group_size: int | None = None) -> WeightLayout:
     """``spec`` compressed by NNCF as edgekit exports it: 4-bit formats keep the embedding
     (and an untied lm_head) at INT8 per channel, NNCF's backup precision. "F16" stores
