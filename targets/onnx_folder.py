@@ -87,6 +87,7 @@ def read_folder(path: Path) -> GenaiFolder:
             hint="pass the variant folder that edgekit convert --to onnx wrote",
         )
     config = _object(_read_json(path, GENAI_CONFIG, CONFIG_BYTES), GENAI_CONFIG)
+    _check_strings(config)
     model = _object(config.get("model"), "model")
     decoder = _object(model.get("decoder"), "model.decoder")
     vocab = _integer(model.get("vocab_size"), "model.vocab_size", MAX_VOCAB)
@@ -120,6 +121,23 @@ def read_folder(path: Path) -> GenaiFolder:
         provider_options=_providers([decoder, *stages]),
         tokenizer=read_tokenizer_files(path),
     )
+
+
+def _check_strings(config: dict[str, Any]) -> None:
+    """Refuse what onnxruntime-genai would act on unchecked: a name it formats with C's
+    printf (``present.%d.key``: any other conversion reads or writes its stack, ``%s``
+    crashes the process) and a custom-ops library it would load from any path."""
+    todo: list[Any] = [config]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            if "custom_ops_library" in value:
+                raise _bad("names a custom_ops_library, which edgekit does not load")
+            todo += [*value.keys(), *value.values()]
+        elif isinstance(value, list):
+            todo += value
+        elif isinstance(value, str) and "%" in value.replace("%d", "", 1):
+            raise _bad(f"{value!r} holds a % other than one %d (a layer's name pattern)")
 
 
 def _bad(what: str) -> ModelFormatError:
@@ -190,7 +208,7 @@ def _model_file(folder: Path, stage: dict[str, Any]) -> str:
         fd = open_regular(folder, name)
     except UnsafePathError as exc:
         raise ModelFormatError(
-            f"{folder}: {GENAI_CONFIG} names {name!r}, which {exc.message.split(': ', 1)[-1]}",
+            f"{folder}: {GENAI_CONFIG} names {name!r}: {exc.message.split(': ', 1)[-1]}",
             hint=CONVERT_HINT,
         ) from exc
     else:

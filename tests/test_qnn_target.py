@@ -11,6 +11,7 @@ The variants here are FP32 builds of tiny random models by edgekit's converter
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import types
@@ -352,6 +353,29 @@ def test_a_linked_model_file_is_refused(copy: Path, tmp_path: Path) -> None:
         QnnTarget.load(copy)
     with pytest.raises(ModelNotFoundError):
         QnnTarget.load(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "said"),
+    [
+        (("model", "decoder", "outputs", "present_key_names"), "%s", "'%s'"),
+        (("model", "decoder", "inputs", "past_key_names"), "past.%d.%d", "past.%d.%d"),
+        (("model", "decoder", "session_options", "custom_ops_library"), "x.so", "custom_ops"),
+    ],
+    ids=["format-s-crashes-genai", "two-conversions", "custom-ops-library"],
+)
+def test_what_onnxruntime_genai_acts_on_unchecked_is_refused(
+    copy: Path, monkeypatch: pytest.MonkeyPatch, path: tuple[str, ...], value: str, said: str
+) -> None:
+    """onnxruntime-genai formats the KV names with C's printf (``%s`` crashed the process)
+    and loads a custom_ops_library from any path: both refused before it opens the folder."""
+    from edgekit.targets.qnn import QnnTarget
+
+    _edit_config(copy, _set(path, value))
+    opened = _never_opened(monkeypatch)
+    with pytest.raises(ModelFormatError, match=re.escape(said)):
+        QnnTarget.load(copy)
+    assert opened == []
 
 
 # --- generation details the contract does not pin ---------------------------------------------
