@@ -6,7 +6,8 @@
 token embedding and the output projection (the tensors most sensitive to quantization);
 ``kv_cache`` is the KV-cache type the runtime should use, recorded with the model;
 ``group_size``, ``ratio`` and ``calibration`` steer group-wise, mixed and data-aware
-compression where a backend has them. A
+compression where a backend has them; ``soc`` names the chip a device-specific build
+(a Qualcomm HTP context binary) is compiled for. A
 backend reports what it cannot express (``unsupported``) instead of dropping it silently.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from edgekit.errors import UnsupportedConversionError
 
+_PARSERS = {"group_size": int, "ratio": float, "part_gib": float}
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
@@ -29,6 +31,12 @@ class Recipe:
     group_size: int | None = None  # for group-wise INT4 backends
     ratio: float | None = None  # share of layers at the low precision, the rest at INT8
     calibration: str | None = None  # a text file for data-aware compression
+    # the SoC a device-specific build is for (a Snapdragon part number, "SM8750": the QNN
+    # HTP variant); pack takes it from the device profile
+    soc: str | None = None
+    # the most one part of a split build may weigh (GiB): the Hexagon maps at most 4 GiB
+    # per session (the device profiles' max_model_gib)
+    part_gib: float | None = None
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)
@@ -52,7 +60,7 @@ class Recipe:
                     hint=f"use key=value with keys: {', '.join(sorted(allowed))}",
                 )
             try:
-                changes[key] = {"group_size": int, "ratio": float}.get(key, str)(value)
+                changes[key] = _PARSERS.get(key, str)(value)
             except ValueError as exc:
                 raise UnsupportedConversionError(f"recipe option {item!r}: {exc}") from exc
         recipe = replace(self, **changes)  # type: ignore[arg-type]

@@ -93,7 +93,7 @@ def quantize_gguf(
         ) from exc
     route_llamacpp_logs()
     recipe = replace(recipe or Recipe(weights=fmt.name), weights=fmt.name)
-    for option in ("group_size", "ratio", "calibration"):
+    for option in ("group_size", "ratio", "calibration", "soc", "part_gib"):
         if getattr(recipe, option) is not None:
             warnings.append(
                 f"recipe {option}={getattr(recipe, option)} has no llama.cpp equivalent: unused"

@@ -67,6 +67,9 @@ def _quantization_config(
     from optimum.intel import OVWeightQuantizationConfig
 
     warnings: list[str] = []
+    for what, value in (("soc", recipe.soc), ("part_gib", recipe.part_gib)):
+        if value is not None:
+            warnings.append(f"recipe {what}={value} is for Qualcomm HTP builds: unused")
     for what, value in (("embeddings", recipe.embeddings), ("output", recipe.output)):
         if value and value.upper() not in ("INT8", "Q8_0"):
             warnings.append(
