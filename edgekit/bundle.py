@@ -83,8 +83,16 @@ class VariantRequest:
         cache (``budgets``), carrying its predictions for ``device`` into the manifest."""
         p = candidate.prediction
         options = [o for o in (recipe or "").split(",") if o.strip()]
-        if not any(o.strip().startswith("kv_cache") for o in options):
+        given = {o.partition("=")[0].strip().replace("-", "_") for o in options}
+        if "kv_cache" not in given:
             options.append(f"kv_cache={budgets.kv_cache}")
+        # what a build for the planned unit needs (a chip to compile for); the caller's
+        # own options win
+        options += [
+            o
+            for o in candidate.build_recipe.split(",")
+            if o.strip() and o.partition("=")[0].strip() not in given
+        ]
         return cls(
             target=candidate.target,
             quant=candidate.format,

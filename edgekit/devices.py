@@ -14,6 +14,7 @@ most 1 MiB, UTF-8, nested at most 16 deep; a profile name is only ever a shipped
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -98,6 +99,9 @@ class Accelerator:
     # use (Hexagon: 32-bit), a static prompt shape (NPUs compile fixed shapes).
     max_model_gib: float | None = field(default=None, metadata=_GIB)
     max_prompt_tokens: int | None = field(default=None, metadata=bounds(ge=1, le=1 << 26))
+    # The part number of the chip this unit is in, for builds compiled for one chip (a QNN
+    # HTP context binary is made for one Snapdragon): "SM8750", as the device reports it.
+    soc: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +144,9 @@ class DeviceProfile:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_SOC_PART = re.compile(r"[A-Z][A-Z0-9]{1,15}")
 
 
 def profile_names() -> list[str]:
@@ -243,6 +250,14 @@ def _check(p: DeviceProfile, where: str) -> None:
     if not p.power.idle_w <= p.power.typical_w <= p.power.max_w:
         raise ProfileSchemaError(f"{where}: power figures must satisfy idle <= typical <= max")
     _check_cores(p.cpu, where)
+    for i, acc in enumerate(p.accelerators):
+        # a part number goes into build options and file names: letters and digits only
+        if acc.soc is not None and not _SOC_PART.fullmatch(acc.soc):
+            raise ProfileSchemaError(
+                f"{where}: accelerators[{i}].soc {clean_text(repr(acc.soc))} is not a chip "
+                "part number",
+                hint='write it as the device reports it, e.g. "SM8750"',
+            )
     names = [m.name for m in p.power.modes]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:

@@ -131,6 +131,14 @@ class Target(ABC):
         return unit.priors
 
     @classmethod
+    def build_recipe(cls, profile: DeviceProfile, accelerator: Accelerator) -> str:
+        """Recipe options (``key=value,...``) a build for ``accelerator`` of ``profile``
+        needs beyond its quantization: a build compiled for one chip names the chip and
+        its limits ("soc=SM8750,part_gib=4"). "" where a build runs on any such unit;
+        ``pack --device`` adds these to the variant's recipe."""
+        return ""
+
+    @classmethod
     def vocab_runtime_bytes(cls, kind: str, spec: ModelSpec) -> int:
         """The part of the runtime buffers that grows with the vocabulary (calibration
         fits the rest)."""

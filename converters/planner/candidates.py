@@ -113,6 +113,7 @@ def candidate(
         storage=layout.by_storage(),
         requantizes_up=up,
         quality_note=quality_note,
+        build_recipe=target.build_recipe(profile, unit.accelerator),
     )
 
 

@@ -44,6 +44,8 @@ class Candidate:
     # (requantizing up recovers nothing of what the source's quantization lost).
     requantizes_up: bool = False
     quality_note: str = ""
+    # recipe options the build for this unit needs (Target.build_recipe): pack adds them
+    build_recipe: str = ""
 
     @property
     def fits(self) -> bool:
