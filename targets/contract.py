@@ -139,6 +139,13 @@ class Target(ABC):
         return ""
 
     @classmethod
+    def build_note(cls, kind: str) -> str:
+        """What of a build for a unit of ``kind`` cannot run on this host, and what edgekit
+        ships instead (the plan says it): "" when every step runs here. Must not import
+        the SDK (the planner calls it)."""
+        return ""
+
+    @classmethod
     def vocab_runtime_bytes(cls, kind: str, spec: ModelSpec) -> int:
         """The part of the runtime buffers that grows with the vocabulary (calibration
         fits the rest)."""

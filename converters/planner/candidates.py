@@ -57,14 +57,14 @@ def limit_why(profile: DeviceProfile, unit: Unit, budgets: Budgets) -> tuple[int
 
 def buildable(spec: ModelSpec, target: type[Target], unit_kind: str) -> tuple[bool, str]:
     """Whether edgekit can build ``spec`` for ``target`` to run on a ``unit_kind`` unit,
-    and why not."""
+    and why not (when it can: what of that build cannot run on this host, if anything)."""
     if not (target.runs and target.format.buildable):
         return False, f"edgekit cannot build {target.name} bundles yet (prediction only)"
     support = target.unit(unit_kind)
     if support is not None and support.not_built:
         return False, support.not_built
     why = target.format.cannot_build(spec)
-    return (False, why) if why else (True, "")
+    return (False, why) if why else (True, target.build_note(unit_kind))
 
 
 def candidate(

@@ -165,6 +165,8 @@ def _ranked(
     )
     best = fitting[0] if fitting else None
     choice = next((c for c in fitting if c.buildable), None)
+    if choice is not None and choice.build_note:  # a step of its build cannot run here
+        notes = [*notes, f"{choice.label}: {choice.build_note}"]
     closest = None
     if choice is None and rejected:  # (all fit but none can be built: no closest)
         closest = min([c for c in rejected if c.buildable] or rejected, key=shortfall)

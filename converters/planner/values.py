@@ -37,6 +37,7 @@ class Candidate:
     quality_source: str
     quality_tier: str
     buildable: bool
+    # why it cannot be built; or, when it can, what of its build cannot run on this host
     build_note: str
     rejections: tuple[str, ...]
     storage: dict[str, int] = field(default_factory=dict)  # bytes per storage type
