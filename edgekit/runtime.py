@@ -77,10 +77,15 @@ def load(
     )
     target = get_target(chosen.target)
     _check_names(settings, target.load_settings)
-    merged = {
+    # the manifest records every runtime setting; a target gets those it takes (ONNX
+    # Runtime's KV cache type is fixed in the graph: it has no kv_cache setting)
+    recorded = {
         "context": chosen.runtime.context,
         "kv_cache": chosen.runtime.kv_cache,
         "threads": chosen.runtime.threads,
+    }
+    merged = {
+        **{k: v for k, v in recorded.items() if k in target.load_settings},
         **target.device_settings(device),
         **settings,
     }
