@@ -113,6 +113,31 @@ def _inspect_file(p: Path) -> ModelSpec:
     return spec_from_gguf(read_gguf_header(p))
 
 
+# torch.save writes a zip archive; a bare pickle of protocol 2 or later starts with PROTO
+_PICKLE_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _pickle_checkpoint(folder: Path, f: Path) -> bool:
+    """Whether ``f`` in ``folder`` may be a pickle checkpoint. Two folder formats keep
+    other data in .bin files: an OpenVINO IR its weights in NAME.bin beside NAME.xml, an
+    ONNX Runtime GenAI variant (genai_config.json) its QNN context binaries; such a .bin
+    counts only when it starts like a checkpoint (a zip archive or a pickle)."""
+    if f.suffix.lower() not in PICKLE_SUFFIXES:
+        return False
+    if f.suffix.lower() != ".bin":
+        return True
+    if f.with_suffix(".xml").is_file():
+        return False
+    if not (folder / "genai_config.json").is_file():
+        return True
+    try:
+        with f.open("rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return True
+    return head.startswith(_PICKLE_MAGIC) or not head
+
+
 def _inspect_folder(p: Path) -> ModelSpec:
     if not (p / "config.json").exists() and not (p / "config.json").is_symlink():
         ggufs = sorted(p.glob("*.gguf"))
@@ -134,12 +159,7 @@ def _inspect_folder(p: Path) -> ModelSpec:
 
     files = safetensors_files(p)
     if not files:
-        # An OpenVINO IR keeps its weights in NAME.bin beside NAME.xml: not a pickle.
-        pickles = sorted(
-            f.name
-            for f in p.iterdir()
-            if f.suffix.lower() in PICKLE_SUFFIXES and not f.with_suffix(".xml").is_file()
-        )
+        pickles = sorted(f.name for f in p.iterdir() if _pickle_checkpoint(p, f))
         if pickles:
             raise UnsafeModelError(
                 f"{p}: the weights are pickle checkpoints only "

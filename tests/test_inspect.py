@@ -425,3 +425,17 @@ def test_a_7b_folder_is_inspected_fast_and_small(tmp_path: Path) -> None:
     assert spec.weight_bytes == 2 * 6_738_415_616
     assert elapsed < 1.0
     assert peak < 8 << 20
+
+
+def test_qnn_context_binaries_in_an_onnx_variant_are_not_pickles(tmp_path: Path) -> None:
+    """An ONNX Runtime GenAI variant compiled for the HTP keeps its QNN context binaries
+    in .bin files: the folder inspects from its config.json, while a real checkpoint
+    beside genai_config.json (zip or pickle bytes) is still refused."""
+    folder = _hf(tmp_path)
+    (folder / "model.safetensors").unlink()
+    (folder / "genai_config.json").write_text("{}")
+    (folder / "part0.prompt_ctx_qnn.bin").write_bytes(b"\x00\x00\x02\x00" + bytes(64))
+    assert inspect_model(folder).family == "llama"
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"weights": [1]}))
+    with pytest.raises(UnsafeModelError, match="pytorch_model.bin"):
+        inspect_model(folder)
