@@ -15,8 +15,12 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from edgekit.converters.convert import ConvertResult
 
 STRICT = os.environ.get("EDGEKIT_STRICT") == "1"
 
@@ -128,7 +132,8 @@ def smollm2_hf(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def smollm2_bundle(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default model packed as llama.cpp Q4_K_M and OpenVINO INT4 (the README's
     benchmark pair), built once per test session: the OpenVINO export of the 135M model
-    takes minutes here, and benchmarks only read the bundle."""
+    takes minutes here, and benchmarks only read the bundle (so does test_openvino_target's
+    INT4 check of the default model, which loads its openvino-int4 folder)."""
     require("llama_cpp", "the bundle has a GGUF variant")
     require("optimum.intel", "the bundle has an OpenVINO variant")
     from edgekit.bundle import VariantRequest, pack
@@ -139,4 +144,53 @@ def smollm2_bundle(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory)
         out,
         [VariantRequest(quant="Q4_K_M"), VariantRequest(target="openvino", quant="INT4")],
     )
+    return out
+
+
+# The default model's own conversions, each built once per test session: a 135M export
+# takes from seconds (GGUF -> HF) to minutes (OpenVINO) on the 2-core CI, and several
+# modules checked the same artefact built the same way. Tests only read them; a test that
+# changes one copies it first.
+
+
+@pytest.fixture(scope="session")
+def smollm2_dequantized(
+    default_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> ConvertResult:
+    """The default model dequantized to a float32 Hugging Face folder by edgekit's converter
+    (GGUF -> HF): the ConvertResult, so a test can check its warnings; ``.path`` is the
+    folder. test_gguf_convert checks the round trip, test_accuracy and test_openvino_target
+    start from it."""
+    require("gguf", "dequantizing uses gguf-py")
+    from edgekit.converters.convert import convert_model
+
+    return convert_model(default_gguf, "hf", tmp_path_factory.mktemp("smollm2-dequantized") / "hf")
+
+
+@pytest.fixture(scope="session")
+def smollm2_f32_gguf(
+    smollm2_dequantized: ConvertResult, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """That folder converted back to an F32 GGUF (edgekit's writer): test_accuracy's
+    reference and the first step of test_gguf_convert's lossless round trip."""
+    require("llama_cpp", "the HF -> GGUF edge quantizes with llama-cpp-python")
+    from edgekit.converters.convert import convert_model
+
+    out = tmp_path_factory.mktemp("smollm2-f32") / "f32.gguf"
+    convert_model(smollm2_dequantized.path, "gguf", out, quant="F32")
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_openvino_int8(
+    smollm2_dequantized: ConvertResult, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The dequantized folder exported to OpenVINO INT8 (minutes here): test_openvino_target
+    compares its greedy text with transformers, test_accuracy its logits."""
+    require("optimum.intel", "OpenVINO export uses optimum-intel")
+    require("openvino_genai", "the export is run by the OpenVINO target")
+    from edgekit.converters.convert import convert_model
+
+    out = tmp_path_factory.mktemp("smollm2-openvino-int8") / "ov"
+    convert_model(smollm2_dequantized.path, "openvino", out, quant="INT8")
     return out

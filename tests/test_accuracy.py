@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,15 @@ CTX, CHUNKS = 256, 4
 
 
 @pytest.fixture(scope="module")
-def source(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The embedded model as a float32 HF folder and as an F32 GGUF (the reference)."""
+def source(
+    smollm2_dequantized: Any, smollm2_f32_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """The embedded model as a float32 HF folder and as an F32 GGUF (the reference): the
+    session's conversions (tests/conftest.py), which these tests only read; "root" is this
+    module's own folder for what it writes."""
     require("llama_cpp", "the reference runs in llama.cpp")
-    from edgekit.converters.convert import convert_model
-
     root = tmp_path_factory.mktemp("accuracy")
-    convert_model(default_gguf, "hf", root / "hf")
-    convert_model(root / "hf", "gguf", root / "f32.gguf", quant="F32")
-    return {"hf": root / "hf", "f32": root / "f32.gguf", "root": root}
+    return {"hf": smollm2_dequantized.path, "f32": smollm2_f32_gguf, "root": root}
 
 
 @pytest.fixture(autouse=True)
@@ -41,11 +42,42 @@ def _llama(path: Path) -> Any:
     return LlamaCppTarget.load(path, logits=True, kv_cache="f32", context=CTX)
 
 
-def _eval(path: Path, reference: Path) -> Any:
+def _eval(path: Path, reference: Path | Remembered) -> Any:
     from edgekit.accuracy import evaluate
 
+    if isinstance(reference, Remembered):
+        with _llama(path) as model:
+            return evaluate(model, reference, ctx=CTX, chunks=CHUNKS)
     with _llama(path) as model, _llama(reference) as ref:
         return evaluate(model, ref, ctx=CTX, chunks=CHUNKS)
+
+
+class Remembered:
+    """A logit source that computes each window once: llama.cpp's logits of a window are a
+    function of its tokens (the session is reset before each, and the reference against
+    itself scores a KL of exactly 0 across two sessions), so the F32 reference that five
+    evaluations here score against on the same windows is run once per window, not five
+    times (each window of the F32 model is seconds on the 2-core CI)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.seen = inner, dict[tuple[int, ...], np.ndarray]()
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        return list(self.inner.tokenize(text, add_special=add_special))
+
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        key = tuple(tokens)
+        if key not in self.seen:
+            self.seen[key] = self.inner.logits(tokens)
+            self.seen[key].flags.writeable = False  # shared between evaluations
+        return self.seen[key]
+
+
+@pytest.fixture(scope="module")
+def f32_reference(source: dict[str, Path]) -> Iterator[Remembered]:
+    """The F32 reference, loaded once for the module, each window's logits remembered."""
+    with _llama(source["f32"]) as session:
+        yield Remembered(session)
 
 
 def test_the_reference_against_itself(source: dict[str, Path]) -> None:
@@ -68,13 +100,16 @@ def quantized(source: dict[str, Path]) -> dict[str, Path]:
     return paths
 
 
-def test_formats_order_by_loss(source: dict[str, Path], quantized: dict[str, Path]) -> None:
-    kl = {quant: _eval(path, source["f32"]).kl_mean for quant, path in quantized.items()}
+def test_formats_order_by_loss(quantized: dict[str, Path], f32_reference: Remembered) -> None:
+    kl = {quant: _eval(path, f32_reference).kl_mean for quant, path in quantized.items()}
     assert 0 < kl["Q8_0"] < kl["Q4_K_M"] < kl["Q2_K"]
 
 
 def test_a_damaged_model_is_caught(
-    source: dict[str, Path], quantized: dict[str, Path], tmp_path: Path
+    source: dict[str, Path],
+    quantized: dict[str, Path],
+    f32_reference: Remembered,
+    tmp_path: Path,
 ) -> None:
     from edgekit.gguf_header import read_gguf_header
 
@@ -92,23 +127,25 @@ def test_a_damaged_model_is_caught(
     data[:] = np.random.default_rng(0).standard_normal(data.shape).astype(np.float32)
     data.flush()
     del data
-    r = _eval(damaged, source["f32"])
-    good = _eval(quantized["Q8_0"], source["f32"])
+    r = _eval(damaged, f32_reference)
+    good = _eval(quantized["Q8_0"], f32_reference)
     assert r.kl_mean > 0.5 and r.top1_agreement < 0.8
     assert r.perplexity > 1.5 * r.reference_perplexity
     assert r.kl_mean > 20 * good.kl_mean  # damage, not quantization noise
 
 
-def test_openvino_against_transformers(source: dict[str, Path], tmp_path: Path) -> None:
+def test_openvino_against_transformers(
+    source: dict[str, Path], smollm2_openvino_int8: Path
+) -> None:
+    """The session's INT8 export of source["hf"] (tests/conftest.py) against transformers
+    on that folder."""
     require("openvino_genai", "the OpenVINO target")
-    from edgekit.converters.convert import convert_model
     from edgekit.targets.openvino import OpenVinoTarget
 
     from edgekit.accuracy import TransformersReference, evaluate
 
-    convert_model(source["hf"], "openvino", tmp_path / "ov", quant="INT8")
     reference = TransformersReference(source["hf"])
-    with OpenVinoTarget.load(tmp_path / "ov", inference_precision="f32") as s:
+    with OpenVinoTarget.load(smollm2_openvino_int8, inference_precision="f32") as s:
         r = evaluate(s, reference, ctx=CTX, chunks=2)
     assert 0 < r.kl_mean < 0.05 and r.top1_agreement > 0.9
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -22,6 +23,9 @@ from edgekit.errors import (
 from edgekit.gguf_header import read_gguf_header
 from tests.conftest import require
 
+if TYPE_CHECKING:
+    from edgekit.converters.convert import ConvertResult
+
 PROMPT = "The capital of France is"
 
 
@@ -34,15 +38,11 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def default_roundtrip(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default model dequantized to a Hugging Face folder by edgekit."""
-    require("gguf", "dequantizing uses gguf-py")
-    from edgekit.converters.convert import convert_model
-
-    out = tmp_path_factory.mktemp("roundtrip") / "hf"
-    result = convert_model(default_gguf, "hf", out)
-    assert any("quantization error" in w for w in result.warnings)
-    return out
+def default_roundtrip(smollm2_dequantized: ConvertResult) -> Path:
+    """The default model dequantized to a Hugging Face folder by edgekit (the session's
+    conversion, tests/conftest.py: test_accuracy and test_openvino_target start from it)."""
+    assert any("quantization error" in w for w in smollm2_dequantized.warnings)
+    return smollm2_dequantized.path
 
 
 def _no_leftovers(folder: Path, name: str) -> None:
@@ -76,15 +76,14 @@ def test_default_model_roundtrip_tokenizes_identically(
 
 @pytest.mark.slow
 def test_default_model_roundtrip_is_lossless(
-    default_roundtrip: Path, default_gguf: Path, tmp_path: Path
+    default_roundtrip: Path, smollm2_f32_gguf: Path, default_gguf: Path, tmp_path: Path
 ) -> None:
     """GGUF Q4_1 -> HF -> GGUF F32 -> Q4_1 reproduces every tensor of the original bit
     for bit: the dequantize/convert path adds no error of its own."""
     from edgekit.converters.convert import convert_model
     from edgekit.targets.llamacpp import LlamaCppTarget
 
-    f32 = tmp_path / "f32.gguf"
-    convert_model(default_roundtrip, "gguf", f32, quant="F32")
+    f32 = smollm2_f32_gguf  # default_roundtrip as F32 by edgekit's writer (tests/conftest.py)
     q41 = tmp_path / "q41.gguf"
     convert_model(f32, "gguf", q41, quant="Q4_1")
     a, b = read_gguf_header(default_gguf), read_gguf_header(q41)

@@ -41,6 +41,21 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return get
 
 
+@pytest.fixture(scope="module")
+def f16(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny family's F16 export, made once per module: the tests that only load one share
+    it (each export is seconds of optimum-intel). The two F16 tests check it as written."""
+    cache: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in cache:
+            out = tmp_path_factory.mktemp(f"{family}-f16") / "ov"
+            cache[family] = _export(tiny(family), out, "F16")
+        return cache[family]
+
+    return get
+
+
 def _export(src: Path, out: Path, quant: str, recipe: str | None = None) -> Path:
     from edgekit.converters.convert import convert_model
 
@@ -78,7 +93,7 @@ def _reference(
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_f16_export_matches_transformers(tiny: Any, tmp_path: Path, family: str) -> None:
+def test_f16_export_matches_transformers(tiny: Any, f16: Any, family: str) -> None:
     """f32 inference on the f16 weights against transformers on the same f16-rounded
     weights: tokenization identical, logits within 1e-4 of the largest logit (seen:
     ~1e-6), and the same 16 greedy tokens: along transformers' greedy path every OpenVINO
@@ -87,7 +102,7 @@ def test_f16_export_matches_transformers(tiny: Any, tmp_path: Path, family: str)
     from edgekit.targets.openvino import OpenVinoTarget
 
     src = tiny(family)
-    folder = _export(src, tmp_path / "ov", "F16")
+    folder = f16(family)
     ids, ref_tokens, ref_logits = _reference(src, PROMPT, 16, f16_weights=True)
     with OpenVinoTarget.load(folder, inference_precision="f32") as s:
         assert s.tokenize(PROMPT) == ids
@@ -101,7 +116,7 @@ def test_f16_export_matches_transformers(tiny: Any, tmp_path: Path, family: str)
     assert g.text == expected_text
 
 
-def test_f16_export_stores_f16_weights(tiny: Any, tmp_path: Path) -> None:
+def test_f16_export_stores_f16_weights(tiny: Any, f16: Any) -> None:
     """F16 is f16 on disk: every weight constant of the IR is f16 (as optimum-cli's
     --weight-format fp16 writes it), and openvino_model.bin is 2 bytes per parameter."""
     import openvino as ov
@@ -109,7 +124,7 @@ def test_f16_export_stores_f16_weights(tiny: Any, tmp_path: Path) -> None:
     from edgekit.inspection import inspect_model
 
     src = tiny("llama")  # float32 safetensors
-    folder = _export(src, tmp_path / "ov", "F16")
+    folder = f16("llama")
     model = ov.Core().read_model(folder / "openvino_model.xml")
     by_type: dict[str, int] = {}
     for op in model.get_ops():
@@ -180,18 +195,20 @@ def test_data_aware_compression_uses_a_local_text(tiny: Any, tmp_path: Path) -> 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("quant", ["INT8", "INT4"])
-def test_default_model(
-    default_gguf: Path, tmp_path_factory: pytest.TempPathFactory, quant: str
-) -> None:
+def test_default_model(request: pytest.FixtureRequest, quant: str) -> None:
     """The embedded model in INT8 (f32): the same 16 greedy tokens as transformers on the same
-    weights; INT4 loads and writes coherent text."""
-    from edgekit.converters.convert import convert_model
+    weights; INT4 loads and writes coherent text.
+
+    The exports are the session's (tests/conftest.py), built by the same converter from the
+    same dequantized folder: INT8 by convert_model, INT4 by pack (the benchmarks' bundle),
+    each minutes of export that this test would otherwise repeat."""
     from edgekit.targets.openvino import OpenVinoTarget
 
-    base = tmp_path_factory.getbasetemp() / "smollm2-hf-for-openvino"
-    if not base.exists():
-        convert_model(default_gguf, "hf", base)
-    folder = _export(base, tmp_path_factory.mktemp(quant) / "ov", quant)
+    base = request.getfixturevalue("smollm2_dequantized").path
+    if quant == "INT8":
+        folder = request.getfixturevalue("smollm2_openvino_int8")
+    else:
+        folder = request.getfixturevalue("smollm2_bundle") / "openvino-int4"
     prompt = "The capital of France is"
     with OpenVinoTarget.load(folder, inference_precision="f32") as s:
         g = s.generate(prompt, max_tokens=16, temperature=0)
@@ -206,12 +223,12 @@ def test_default_model(
         )
 
 
-def test_generation_controls(tiny: Any, tmp_path: Path) -> None:
+def test_generation_controls(f16: Any) -> None:
     import threading
 
     from edgekit.targets.openvino import OpenVinoTarget
 
-    folder = _export(tiny("qwen2"), tmp_path / "ov", "F16")
+    folder = f16("qwen2")
     with OpenVinoTarget.load(folder) as s:
         full = s.generate(PROMPT, max_tokens=20, temperature=0)
         chunks = list(s.stream(PROMPT, max_tokens=20, temperature=0))
@@ -294,7 +311,7 @@ def test_the_npu_path_compiles_for_npu_and_enforces_its_prompt_limit(
         assert s.generate("Hi", max_tokens=2, temperature=0).completion_tokens >= 1
 
 
-def test_refusals(tiny: Any, tmp_path: Path) -> None:
+def test_refusals(tiny: Any, f16: Any, tmp_path: Path) -> None:
     from edgekit.converters.convert import convert_model
     from edgekit.targets.openvino import OpenVinoTarget
 
@@ -324,4 +341,4 @@ def test_refusals(tiny: Any, tmp_path: Path) -> None:
 
     if "NPU" not in available_devices():  # this machine has none: asking for one is refused
         with pytest.raises(TargetUnavailableError, match="OpenVINO sees"):
-            OpenVinoTarget.load(_export(tiny("qwen2"), tmp_path / "ok", "F16"), device="NPU")
+            OpenVinoTarget.load(f16("qwen2"), device="NPU")
