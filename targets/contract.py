@@ -65,6 +65,10 @@ class UnitSupport:
     # format for another ("": it can). The planner then marks the unit's candidates
     # prediction-only, so pack --device never packs a variant that would not run there.
     not_built: str = ""
+    # The build splits a model into parts that each fit the accelerator's max_model_gib
+    # (one session each, as Qualcomm's HTP pipelines do): that limit then bounds one
+    # part, not the model, and the planner holds the model to the device's memory.
+    splits_model: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,6 +31,7 @@ MAX_CONTEXT = 1 << 26
 # the wrapper is a few KB. One larger than this is an ordinary graph (or embeds its binary,
 # which edgekit does not write) and is not scanned.
 EP_CONTEXT_SCAN_BYTES = 64 << 20
+PIPELINE = "decoder-pipeline"  # onnxruntime-genai's static-shape pipeline (QNN HTP variants)
 CONVERT_HINT = "convert the model again: edgekit convert MODEL --to onnx -o DIR"
 
 
@@ -61,16 +62,23 @@ class GenaiFolder:
     present_key_name: str  # "present.%d.key": the KV cache output of layer %d
     # the execution providers the config names, lower case, with their options
     provider_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # per model file, the providers its stage names (its own or the decoder's), lower case
+    stage_providers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # a static-shape pipeline (model.type decoder-pipeline with a sliding window): the
+    # prompt is run in windows of this many tokens, the last one padded, and the padding
+    # takes positions in the KV cache (0: not such a pipeline)
+    prompt_window: int = 0
     tokenizer: TokenizerFiles
 
     def names_provider(self, *names: str) -> bool:
         return any(n.lower() in self.provider_options for n in names)
 
     def holds_ep_context(self) -> bool:
-        """Whether every model file is an EPContext model (compiled context binaries)."""
-        return bool(self.model_files) and all(
-            _is_ep_context(self.path, f) for f in self.model_files
-        )
+        """Whether the variant is compiled: every stage that names an execution provider
+        is an EPContext model (compiled context binaries), and there is one. Stages that
+        name none (a pipeline's embeddings) run on the CPU provider."""
+        accelerated = [f for f in self.model_files if self.stage_providers.get(f)]
+        return bool(accelerated) and all(_is_ep_context(self.path, f) for f in accelerated)
 
 
 def read_folder(path: Path) -> GenaiFolder:
@@ -108,6 +116,7 @@ def read_folder(path: Path) -> GenaiFolder:
     model_type = model.get("type")
     if not isinstance(model_type, str) or not model_type:
         raise _bad("model.type is not a model type name")
+    inherited = tuple(_providers([decoder]))
     return GenaiFolder(
         path=path,
         model_type=model_type,
@@ -119,6 +128,11 @@ def read_folder(path: Path) -> GenaiFolder:
         shortest=shortest,
         present_key_name=str(outputs.get("present_key_names", "present.%d.key")),
         provider_options=_providers([decoder, *stages]),
+        stage_providers={
+            f: tuple(_providers([stage])) or inherited
+            for f, stage in zip(files, stages, strict=True)
+        },
+        prompt_window=shortest if model_type == PIPELINE and size is not None else 0,
         tokenizer=read_tokenizer_files(path),
     )
 

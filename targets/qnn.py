@@ -6,26 +6,31 @@ here (onnxruntime-qnn registered, or built in) AND the variant is a context-bina
 (EPContext) variant, whose genai_config.json names the QNN provider and whose graphs are
 EPContext wrappers, compiled for this SoC when both say which; otherwise the CPU provider.
 ``device="npu"`` without both is refused with the reason; ``device="cpu"`` on a
-context-binary variant too (only the HTP runs those). The session says which ran
-(``SessionInfo.unit`` and ``settings["provider"]``).
+context-binary variant too (only the HTP runs those), and ``auto`` on one where no HTP is
+(an x86 host: only the HTP of the SoC it was compiled for runs it). The QDQ stage of an
+HTP variant (the static pipeline before compilation) runs on the CPU provider, so its
+output can be checked here. The session says which ran (``SessionInfo.unit`` and
+``settings["provider"]``).
 
-Planning: the CPU unit plans the CPU variants (INT4, INT8); the NPU unit sizes the usual
-AI Hub / Genie layouts (W8A16 / W4A16, per-channel symmetric).
+Planning: the CPU unit plans the CPU variants (INT4, INT8); the NPU unit the HTP
+variants edgekit builds (W8A16, FP16: converters/onnx/htp_*).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgekit.converters.formats import Format
 from edgekit.converters.onnx import FORMAT
+from edgekit.converters.onnx.socs import SOCS
 from edgekit.targets import checks, qnn_host
 from edgekit.targets.contract import Coefficients, HostDevice, Target, UnitSupport
 from edgekit.targets.onnx_folder import GenaiFolder, read_folder
 from edgekit.targets.onnx_runtime import GenaiSession, Provider
 
-from edgekit.errors import TargetUnavailableError
+from edgekit.errors import TargetUnavailableError, UnsupportedConversionError
 
 if TYPE_CHECKING:
     from edgekit.devices import Accelerator, DeviceProfile
@@ -62,10 +67,12 @@ class QnnTarget(Target):
     load_settings: ClassVar[tuple[str, ...]] = SETTINGS
     devices_accepted: ClassVar[tuple[str, ...]] = DEVICES
     # First estimates; reasoning, in order of the fields:
-    #  CPU: speed not measured for this runtime yet (this machine was shared when tried):
-    #    llama.cpp's CPU priors (token generation ~55% of DRAM bandwidth, prefill ~40% of
-    #    fp32 peak on int8 dot products). Memory measured here (RSS after load): the tiny
-    #    model 55.6 MB over the imported process, SmolLM2-135M INT4 (86.5 MB of weights)
+    #  CPU: speed measured here (docs/onnx.md, "Measured on this host"): SmolLM2-135M INT4
+    #    decoding 53-61 tok/s reads 89.2 MB per token, 21-24% of the host's 23 GB/s;
+    #    prefill 118 tok/s at 287.7 MFLOP per token, 21% of its 0.16 TFLOPS fp32 peak
+    #    (on a 2-core VM shared with other work: lower bounds). Memory measured here
+    #    (RSS after load): the tiny model 55.6 MB over the imported process,
+    #    SmolLM2-135M INT4 (86.5 MB of weights)
     #    232.1 MB: ~56 MB of runtime and ~2.0 bytes resident per weight byte (ONNX
     #    Runtime reads the external data and keeps MatMulNBits' prepacked copy); the KV
     #    cache of a generation is allocated at its maximum length
@@ -78,9 +85,9 @@ class QnnTarget(Target):
             kind="cpu",
             formats=("INT8", "INT4"),
             priors=Coefficients(
-                bandwidth_efficiency=0.55,
+                bandwidth_efficiency=0.24,
                 token_overhead_s=0.0005,
-                compute_efficiency=0.4,
+                compute_efficiency=0.21,
                 runtime_bytes=56 * MB,
                 weight_residency=2.0,
                 kv_preallocated=True,
@@ -88,10 +95,11 @@ class QnnTarget(Target):
         ),
         UnitSupport(
             kind="npu",
-            formats=("INT8", "INT4"),
-            # the CPU variants do not run on the HTP: it needs static-shape QDQ graphs
-            # compiled to context binaries (docs/onnx.md: found feasible, not built yet)
-            not_built="edgekit does not build the Qualcomm HTP variant yet (prediction only)",
+            # the HTP variants: static-shape QDQ (or float, run at fp16) graphs compiled
+            # to context binaries for one SoC; the CPU variants do not run on the HTP
+            formats=("W8A16", "FP16"),
+            # parts of at most the HTP's per-session limit (the recipe's part_gib)
+            splits_model=True,
             priors=Coefficients(
                 bandwidth_efficiency=0.4,
                 token_overhead_s=0.003,
@@ -108,6 +116,46 @@ class QnnTarget(Target):
         """The device's CPU (the CPU provider runs everywhere) and its Hexagon tensor
         processor (runtime device ``HTP``)."""
         return [a for a in profile.accelerators if a.kind == "cpu" or a.runtime_device == "HTP"]
+
+    @classmethod
+    def build_recipe(cls, profile: DeviceProfile, accelerator: Accelerator) -> str:
+        """An HTP variant is compiled for one SoC, in parts of at most the HTP's
+        per-session limit: ``soc=<part>,part_gib=<max_model_gib>`` from the profile.
+
+        Raises:
+            UnsupportedConversionError: the profile's HTP names no SoC edgekit compiles
+                for (the plan marks its candidates prediction-only with this message).
+        """
+        if accelerator.runtime_device != "HTP":
+            return ""
+        if accelerator.soc is None or accelerator.soc not in SOCS:
+            raise UnsupportedConversionError(
+                f"{profile.name}: its {accelerator.name} names "
+                + (f"SoC {accelerator.soc}, " if accelerator.soc else "no SoC, ")
+                + "not one edgekit compiles HTP variants for",
+                hint=f"edgekit compiles for {', '.join(SOCS)} (the profile's soc field)",
+            )
+        options = [f"soc={accelerator.soc}"]
+        if accelerator.max_model_gib is not None:
+            options.append(f"part_gib={accelerator.max_model_gib:g}")
+        return ",".join(options)
+
+    @classmethod
+    def build_note(cls, kind: str) -> str:
+        """An HTP build's last step (the context binaries) needs onnxruntime-qnn here, and
+        what it makes only runs on the Snapdragon."""
+        if kind != "npu":
+            return ""
+        if importlib.util.find_spec(qnn_host.PLUGIN_MODULE) is None:
+            return (
+                f"{qnn_host.PLUGIN_MODULE} is not installed here, so pack ships the QDQ "
+                "stage uncompiled (it runs on the CPU provider, not on the HTP); pip "
+                "install 'edgekit[qnn]' to compile the context binaries"
+            )
+        return (
+            "compiled here into QNN context binaries, which only the Snapdragon's HTP "
+            "runs (not run on this host)"
+        )
 
     @classmethod
     def check_host(cls) -> tuple[bool, str]:
@@ -154,20 +202,19 @@ class QnnTarget(Target):
 
     @classmethod
     def load_unit(cls, device: str, model: str | Path | None = None) -> str:
-        """``auto`` lands on the NPU only when the QNN provider is present here and (when
-        ``model`` is given) the variant is a context-binary one; the contract passes no
-        model, so then the QNN provider's presence decides."""
+        """Given a variant folder, ``auto`` is the NPU for a context-binary variant (only
+        the HTP runs it) and the CPU otherwise (a CPU variant, an HTP variant's QDQ
+        stage). Without one (the contract passes none) the QNN provider's presence here
+        decides."""
         if device in ("cpu", "npu"):
             return device
+        if model is not None:
+            return "npu" if _compiled(read_folder(Path(model))) else "cpu"
         try:
             import onnxruntime as ort
         except ImportError:  # pack sizes variants on hosts without the SDK
             return "cpu"
-        if not qnn_host.qnn_present(ort):
-            return "cpu"
-        if model is None:
-            return "npu"
-        return pick_provider("auto", read_folder(Path(model))).unit
+        return "npu" if qnn_host.qnn_present(ort) else "cpu"
 
     @classmethod
     def device_settings(cls, device: str) -> dict[str, Any]:
@@ -208,13 +255,14 @@ def pick_provider(device: str, folder: GenaiFolder) -> Provider:
         TargetUnavailableError: the NPU asked for and not possible here, or a
             context-binary variant that only the HTP runs, with no HTP here.
     """
-    compiled = folder.names_provider("qnn", qnn_host.EP_NAME) and folder.holds_ep_context()
+    compiled = _compiled(folder)
     if device == "cpu":
         if compiled:
             raise TargetUnavailableError(
-                f"{folder.path} holds QNN context binaries: only the HTP runs them, not "
-                "the CPU provider",
-                hint="load it with device='npu' on a Snapdragon, or use a CPU variant here",
+                f"{folder.path} holds QNN context binaries{_for_soc(folder)}: only the HTP "
+                "runs them, not the CPU provider",
+                hint="load it with device='npu' on that Snapdragon, or use a CPU variant "
+                "(or the HTP variant's QDQ stage) here",
             )
         return CPU
     try:
@@ -228,10 +276,27 @@ def pick_provider(device: str, folder: GenaiFolder) -> Provider:
     if why is None:
         return HTP
     if device == "npu" or compiled:
+        only = f" (only the HTP{_for_soc(folder)} runs it)" if compiled else ""
         raise TargetUnavailableError(
-            f"{folder.path} cannot run on the QNN HTP: {why}", hint=NPU_HINT
+            f"{folder.path} cannot run on the QNN HTP{only}: {why}", hint=NPU_HINT
         )
     return CPU
+
+
+def _compiled(folder: GenaiFolder) -> bool:
+    """A context-binary variant: it names the QNN provider and its stages that name a
+    provider are EPContext wrappers."""
+    return folder.names_provider("qnn", qnn_host.EP_NAME) and folder.holds_ep_context()
+
+
+def _for_soc(folder: GenaiFolder) -> str:
+    """ " for Snapdragon 8 Elite (SM8750)", from the soc_model its provider options name."""
+    options = {k: v for opts in folder.provider_options.values() for k, v in opts.items()}
+    wanted = options.get("soc_model")
+    soc = qnn_host.soc_named(wanted) if wanted else None
+    if soc is not None:
+        return f" compiled for the {soc.name} ({soc.key})"
+    return f" compiled for QNN soc_model {wanted}" if wanted else ""
 
 
 def _why_not_htp(folder: GenaiFolder, compiled: bool, present: bool, ort: Any) -> str | None:
@@ -254,5 +319,5 @@ def _why_not_htp(folder: GenaiFolder, compiled: bool, present: bool, ort: Any) -
     soc = qnn_host.host_soc()
     wanted = options.get("soc_model")
     if soc is not None and wanted and wanted != str(soc.soc_model):
-        return f"it was compiled for QNN soc_model {wanted}; this is {soc.name} ({soc.soc_model})"
+        return f"it was{_for_soc(folder)}; this is the {soc.name} ({soc.key})"
     return None

@@ -18,16 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekit.converters.onnx.socs import SOCS, Soc
+
 EP_NAME = "QNNExecutionProvider"
 PLUGIN_MODULE = "onnxruntime_qnn"
-# Snapdragon SoCs as /sys/devices/soc0/machine names them: (name, QNN soc_model, HTP arch).
-# Qualcomm's SoC table for QNN's soc_model option; the device profiles name the same arch.
-SOCS: dict[str, tuple[str, int, int]] = {
-    "SM8550": ("Snapdragon 8 Gen 2", 43, 73),
-    "SM8650": ("Snapdragon 8 Gen 3", 57, 75),
-    "SM8750": ("Snapdragon 8 Elite", 69, 79),
-    "SC8380XP": ("Snapdragon X Elite", 60, 73),
-}
 SOC_FILE = "sys/devices/soc0/machine"
 
 
@@ -48,13 +42,6 @@ class Plugin:
         sdk = f", QNN SDK {self.qnn_sdk}" if self.qnn_sdk else ""
         state = "registered" if self.registered else f"not registered: {self.why}"
         return f"{PLUGIN_MODULE} {self.version or '?'}{sdk}: {state}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Soc:
-    name: str
-    soc_model: int
-    htp_arch: int
 
 
 _LOCK = threading.Lock()
@@ -101,7 +88,10 @@ def _register(register: Any) -> Plugin:
     try:
         register(EP_NAME, library)
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime refused the library: reported
-        return Plugin(**found, registered=False, library=library, why=str(exc)[:300])
+        # registered before in this process (a registration forgotten here, or made by
+        # the caller's own code): ONNX Runtime has it, which is what is asked
+        if "already registered" not in str(exc):
+            return Plugin(**found, registered=False, library=library, why=str(exc)[:300])
     return Plugin(**found, registered=True, library=library)
 
 
@@ -128,10 +118,15 @@ def device_kind(hardware: Any) -> str:
 
 
 def host_soc(root: Path = Path("/")) -> Soc | None:
-    """The Snapdragon this runs on (its /sys/devices/soc0/machine), or None."""
+    """The Snapdragon this runs on (its /sys/devices/soc0/machine, a part number of the
+    SoC table the HTP builder compiles for), or None."""
     try:
         machine = (root / SOC_FILE).read_bytes()[:64].decode("ascii", "replace").strip()
     except OSError:
         return None
-    known = SOCS.get(machine.upper())
-    return Soc(name=known[0], soc_model=known[1], htp_arch=known[2]) if known else None
+    return SOCS.get(machine.upper())
+
+
+def soc_named(soc_model: object) -> Soc | None:
+    """The SoC whose QNN ``soc_model`` id is ``soc_model`` (a provider option's text)."""
+    return next((s for s in SOCS.values() if str(s.soc_model) == str(soc_model)), None)

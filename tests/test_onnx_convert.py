@@ -296,7 +296,7 @@ def test_layout_is_what_the_builder_wrote(
 
 def test_the_format_is_buildable_and_packs_int4() -> None:
     assert FORMAT.buildable and FORMAT.pack_default() == "INT4"
-    assert list(FORMAT.quants) == ["FP32", "INT8", "INT4"]
+    assert list(FORMAT.quants) == ["FP32", "INT8", "INT4", "W8A16", "FP16"]
     assert FORMAT.quants["FP32"].lossless and not FORMAT.quants["INT4"].lossless
     assert FORMAT.quants["INT4"].bits_per_weight == 5.0  # 4 bits + an f32 scale per 32
     assert [f"{e.source}->{e.output}" for e in graph.route("hf", "onnx")] == ["hf->onnx"]
@@ -449,3 +449,25 @@ def test_cli_convert_to_onnx_prints_clean_json(builds: Builds, tmp_path: Path, s
     }
     assert list(work.iterdir()) == []  # no ./cache_dir in the working directory
     assert "Saving" not in done.stderr  # the builder's progress bars went to the debug log
+
+
+def test_the_variant_keeps_the_source_tokenizer_when_the_builder_would_rebuild_it(
+    builds: Builds, tmp_path: Path
+) -> None:
+    """transformers rebuilds tokenizer.json from the class tokenizer_config.json names when
+    the builder re-saves it: a byte-level BPE vocabulary under a SentencePiece class
+    (SmolLM2 exported from its GGUF names CodeLlamaTokenizer) came out Metaspace. The
+    variant ships the source's own tokenizer files."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(builds.source("llama"), src)
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "CodeLlamaTokenizer"
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    out = tmp_path / "int4"
+    convert.convert_model(src, "onnx", out, quant="INT4")
+    assert (out / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    assert json.loads((out / "tokenizer.json").read_text())["pre_tokenizer"] == json.loads(
+        (src / "tokenizer.json").read_text()
+    )["pre_tokenizer"]

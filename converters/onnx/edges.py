@@ -32,7 +32,11 @@ def _check_build(req: ConvertRequest) -> None:
     """Everything knowable before writing: the quantization and recipe, the family, the
     source folder (one an earlier step writes, such as a dequantized GGUF, is checked
     when it exists), the builder installed."""
-    build_options(req.quant, req.recipe)
+    options = build_options(req.quant, req.recipe)
+    if options.part_gib is not None:  # an HTP variant: every layer must fit one part
+        from edgekit.converters.onnx.htp_layout import check_fits
+
+        check_fits(req.spec, options.quant, options.part_gib)
     reason = cannot_build(req.spec.family)
     if reason:
         raise UnsupportedConversionError(
@@ -65,7 +69,8 @@ EDGES: tuple[Edge, ...] = (
         output="onnx",
         check=_check_build,
         run=_run_build,
-        describe="HF folder -> ONNX (onnxruntime-genai model builder, CPU, MatMulNBits)",
+        describe="HF folder -> ONNX (onnxruntime-genai model builder: CPU MatMulNBits, or a "
+        "QNN HTP variant: static QDQ parts + context binaries)",
         tools=("onnxruntime-genai", "onnxruntime", "onnx-ir"),
     ),
 )

@@ -42,6 +42,7 @@ from typing import Any
 
 from edgekit.converters.edge_checks import Tool, check_hf_tokenizer, require
 from edgekit.converters.onnx.layout import DEFAULT_BLOCK, check_block_size
+from edgekit.converters.onnx.socs import Soc, require_soc
 from edgekit.converters.recipe import Recipe
 
 from edgekit.atomic import atomic_path, check_destination, work_dir, write_new
@@ -72,6 +73,8 @@ ARCHITECTURES = {
 }
 BUILDABLE = frozenset(ARCHITECTURES.values())
 PRECISIONS = {"FP32": "fp32", "INT8": "int8", "INT4": "int4"}
+# QNN HTP variants (htp_build): built from the builder's FP32 graph, for one Snapdragon SoC
+HTP_QUANTS = ("W8A16", "FP16")
 KV_CACHE = ("f32", "f16")  # both mean the CPU graph's f32 cache (see above)
 SETTINGS_FILE = "edgekit.json"
 NEEDED = ("model.onnx", "genai_config.json", "tokenizer.json")
@@ -87,6 +90,8 @@ class BuildOptions:
     precision: str  # the builder's --precision
     block_size: int | None  # None: FP32 (no blocks)
     recipe: Recipe
+    soc: Soc | None = None  # an HTP quant's SoC (None: a CPU build)
+    part_gib: float | None = None  # an HTP quant's per-part limit
 
     def extra_options(self) -> list[str]:
         # hf_token=false: a local folder needs no Hugging Face login, and none is looked up
@@ -112,13 +117,23 @@ def build_options(quant: str | None, recipe: Recipe | None) -> BuildOptions:
             path cannot express.
     """
     name = (quant or "INT4").upper()
+    if name in HTP_QUANTS:
+        return _htp_options(name, recipe or Recipe(weights=name))
     precision = PRECISIONS.get(name)
     if precision is None:
         raise UnsupportedConversionError(
             f"{name!r} is not an ONNX quantization edgekit builds",
-            hint=f"choose one of {', '.join(PRECISIONS)}",
+            hint=f"choose one of {', '.join((*PRECISIONS, *HTP_QUANTS))}",
         )
     recipe = recipe or Recipe(weights=name)
+    device = [
+        f"{k}={v}" for k, v in (("soc", recipe.soc), ("part_gib", recipe.part_gib)) if v is not None
+    ]
+    if device:
+        raise UnsupportedConversionError(
+            f"{name} is a CPU build: {', '.join(device)} does not apply",
+            hint=f"drop them, or build an HTP variant ({' or '.join(HTP_QUANTS)}) for that SoC",
+        )
     unsupported = [
         f"{what}={value}"
         for what, value in (
@@ -149,6 +164,53 @@ def build_options(quant: str | None, recipe: Recipe | None) -> BuildOptions:
             hint="drop group_size, or build INT8 / INT4",
         )
     return BuildOptions(quant=name, precision=precision, block_size=block, recipe=recipe)
+
+
+def _htp_options(name: str, recipe: Recipe) -> BuildOptions:
+    """An HTP quant's options: a known SoC, a part size, nothing the HTP build ignores.
+
+    Raises:
+        UnsupportedConversionError: no or an unknown soc, a bad part_gib, or a recipe
+            value the HTP build cannot express.
+    """
+    from edgekit.converters.onnx.htp_split import check_part_gib
+
+    if recipe.soc is None:
+        raise UnsupportedConversionError(
+            f"{name} is a QNN HTP variant: it is compiled for one Snapdragon SoC",
+            hint="name it: --recipe soc=SM8750 (or pack --device with a Snapdragon profile)",
+        )
+    soc = require_soc(recipe.soc)
+    part_gib = check_part_gib(recipe.part_gib)
+    unsupported = [
+        f"{what}={value}"
+        for what, value in (
+            ("embeddings", recipe.embeddings),
+            ("output", recipe.output),
+            ("group_size", recipe.group_size),
+            ("ratio", recipe.ratio),
+            ("calibration", recipe.calibration if name == "FP16" else None),
+        )
+        if value is not None
+    ]
+    if unsupported:
+        raise UnsupportedConversionError(
+            f"the {name} HTP build cannot express {', '.join(unsupported)}",
+            hint="W8A16: per-tensor uint8 weights, uint16 activations, the embedding f32 on "
+            "the CPU, calibration=FILE the only option; FP16 is not calibrated",
+        )
+    if recipe.kv_cache not in KV_CACHE:
+        raise UnsupportedConversionError(
+            f"KV-cache type {recipe.kv_cache!r} has no equivalent in the HTP build",
+            hint="the HTP graphs keep their KV cache in f32 I/O: use kv_cache=f32 (or f16)",
+        )
+    if recipe.calibration is not None:
+        from edgekit.converters.onnx.htp_quantize import calibration_text
+
+        calibration_text(recipe.calibration)  # a file that is not text is refused now
+    return BuildOptions(
+        quant=name, precision="fp32", block_size=None, recipe=recipe, soc=soc, part_gib=part_gib
+    )
 
 
 def check_config(config: dict[str, Any], where: str) -> str:
@@ -226,7 +288,8 @@ def hf_to_onnx(
     force: bool = False,
     progress: ProgressCallback = no_progress,
 ) -> OnnxResult:
-    """Build ``src`` (a Hugging Face folder) as an onnxruntime-genai CPU model at ``out``.
+    """Build ``src`` (a Hugging Face folder) as an onnxruntime-genai CPU model at ``out``;
+    an HTP quant (W8A16, FP16, with ``recipe.soc``) goes to ``htp_build.hf_to_htp``.
 
     Raises:
         UnsupportedConversionError: unknown quantization, recipe option, architecture, no
@@ -238,6 +301,12 @@ def hf_to_onnx(
     """
     src, out = Path(src), Path(out)
     options = build_options(quant, recipe)
+    if options.soc is not None:  # a QNN HTP variant
+        from edgekit.converters.onnx.htp_build import hf_to_htp
+
+        return hf_to_htp(
+            src, out, options.quant, recipe=options.recipe, force=force, progress=progress
+        )
     check_destination(out, force=force)
     check_source(src)
     require(BUILDER, "ONNX export")
@@ -292,6 +361,7 @@ def _run_builder(src: Path, tmp: Path, cache: Path, options: BuildOptions) -> No
             )
             _fill_config(extra["hf_details"]["hf_config"])
             create_model(None, str(src), str(tmp), options.precision, "cpu", str(cache), **extra)
+            _source_tokenizer(src, tmp)
         except EdgekitError:
             raise
         except MemoryError as exc:
@@ -307,6 +377,23 @@ def _run_builder(src: Path, tmp: Path, cache: Path, options: BuildOptions) -> No
                 if last
                 else "edgekit -vv convert ... shows the builder's log",
             ) from exc
+
+
+# what the variant's tokenizer is read from: the session (tokenizers) and ONNX Runtime
+# GenAI's own tokenizer read tokenizer.json, with tokenizer_config.json's special tokens
+SOURCE_TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
+
+
+def _source_tokenizer(src: Path, out: Path) -> None:
+    """Put the source's own tokenizer files over the ones the builder re-saved. The
+    builder loads the tokenizer with transformers' AutoTokenizer and saves it again, which
+    rebuilds tokenizer.json from the class tokenizer_config.json names: SmolLM2 exported
+    from its GGUF names CodeLlamaTokenizer and came out as a Metaspace (SentencePiece-style)
+    tokenizer over its byte-level BPE vocabulary, 1.75x the tokens on English text. The
+    source's tokenizer.json is the model's own (byte-level, as its GGUF says)."""
+    for name in SOURCE_TOKENIZER:
+        if (src / name).is_file():
+            shutil.copyfile(model_file(src, name), out / name)
 
 
 def _fill_config(config: Any) -> None:

@@ -3,8 +3,9 @@ CPU execution provider (model.onnx + model.onnx.data, genai_config.json, the tok
 what each quantization weighs tensor by tensor, the quality each is expected to lose, and
 the build edge.
 
-INT8 and INT4 are also the names the QNN target plans with; the layout here is the CPU
-build's (MatMulNBits blocks), which is what edgekit builds today.
+INT8 and INT4 are also the names the QNN target plans with; their layout is the CPU
+build's (MatMulNBits blocks). W8A16 and FP16 are the QNN HTP variants (``htp_build``, one
+Snapdragon SoC each, ``recipe.soc``); their layout is what the HTP holds (``htp_layout``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import ClassVar
 from edgekit.converters.formats import Edge, Format, Quant
 from edgekit.converters.layouts import WeightLayout
 from edgekit.converters.onnx.edges import EDGES, cannot_build
-from edgekit.converters.onnx.export import SETTINGS_FILE
+from edgekit.converters.onnx.export import HTP_QUANTS, SETTINGS_FILE
+from edgekit.converters.onnx.htp_layout import htp_layout
 from edgekit.converters.onnx.layout import BLOCK_SIZES, DEFAULT_BLOCK, onnx_layout
 
 from edgekit.modelspec import ModelSpec
@@ -58,6 +60,27 @@ def _quants() -> dict[str, Quant]:
             kl_source=_MEASURED,
             note="MatMulNBits 4-bit symmetric, blocks of 32 (untied embedding f32)",
         ),
+        # QNN HTP variants (htp_build), for one Snapdragon SoC (recipe soc=...)
+        # measured: SmolLM2-135M-Instruct, 512 tokens of the shipped text (256 through the
+        # prompt graph, 256 token steps), the QDQ stage on the CPU provider against the FP32
+        # static graphs: mean KL 0.921, top-1 agreement 0.678 (the HTP's integer kernels
+        # compute what the QDQ graph says; not measured on a device)
+        "W8A16": Quant(
+            name="W8A16",
+            bits_per_weight=8.0,
+            expected_kl=0.921,
+            kl_source="measured (SmolLM2-135M, 512 tokens, QDQ stage on the CPU against the "
+            "FP32 static graphs)",
+            note="QNN HTP: QDQ uint8 per-tensor weights, uint16 activations, calibrated on "
+            "local text; static prompt/token graphs in parts (embedding f32 on the CPU)",
+        ),
+        "FP16": Quant(
+            name="FP16",
+            bits_per_weight=16.0,
+            expected_kl=None,
+            kl_source="no measurement",
+            note="QNN HTP: the float graph, run at fp16 by the HTP (no calibration)",
+        ),
     }
 
 
@@ -74,11 +97,15 @@ class OnnxFormat(Format):
     def layout(self, spec: ModelSpec, quant: str, *, group_size: int | None = None) -> WeightLayout:
         """The builder's tensors; ``group_size`` is the MatMulNBits block size (16-256)."""
         name = self.require_quant(quant).name
+        if name in HTP_QUANTS:
+            return htp_layout(spec, name)
         return onnx_layout(spec, name, block_size=group_size if name != "FP32" else None)
 
     def built_layout(self, spec: ModelSpec, quant: str) -> WeightLayout:
         """The layout at the block size the build recorded in the variant folder."""
         name = self.require_quant(quant).name
+        if name in HTP_QUANTS:
+            return htp_layout(spec, name)
         block = recorded_block_size(Path(spec.path)) if name != "FP32" else None
         return onnx_layout(spec, name, block_size=block)
 
