@@ -125,6 +125,38 @@ class VariantRequest:
             plan.choice, budgets=plan.budgets, device=plan.device, recipe=recipe
         )
 
+    @classmethod
+    def for_device(cls, plan: Plan, *, recipe: str | None = None) -> list[VariantRequest]:
+        """What ``pack --device`` builds: the plan's pick, and on each unit of the device
+        that needs a build of its own (a context binary compiled for its chip: the
+        candidates carry a ``build_recipe``) the best candidate there that fits and that
+        edgekit can build, so the bundle holds what that unit runs beside the pick (an
+        app uses the NPU variant where the QNN provider is present, the pick elsewhere).
+
+        Raises:
+            PlanError: nothing edgekit can build fits.
+        """
+        requests = [cls.from_plan(plan, recipe=recipe)]
+        picked = {(plan.choice.target, plan.choice.format)} if plan.choice else set()
+        units = {(c.target, c.unit) for c in plan.candidates if c.build_recipe}
+        for target, unit in sorted(units):
+            best = next(
+                (
+                    c
+                    for c in plan.candidates  # ranked: fits first, best first
+                    if (c.target, c.unit) == (target, unit) and c.fits and c.buildable
+                ),
+                None,
+            )
+            if best is not None and (best.target, best.format) not in picked:
+                picked.add((best.target, best.format))
+                requests.append(
+                    cls.from_candidate(
+                        best, budgets=plan.budgets, device=plan.device, recipe=recipe
+                    )
+                )
+        return requests
+
 
 @dataclass(frozen=True, kw_only=True)
 class PackResult:

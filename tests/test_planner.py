@@ -128,11 +128,38 @@ def test_rejections_are_one_line_and_name_the_limit(specs: dict[str, ModelSpec])
     assert not q8.fits
     assert q8.rejections[0].startswith("llamacpp Q8_0 needs ")
     assert "the phone lets an app use about 6.00 GiB" in q8.rejections[0]
-    # the Hexagon NPU maps 4 GiB: a 7B INT8 cannot load there (the QNN target's CPU
-    # unit plans INT8 too: the NPU's candidate is the one on the npu unit)
-    npu = next(c for c in p.candidates if (c.target, c.format, c.unit) == ("qnn", "INT8", "npu"))
-    assert "maps at most 4.00 GiB" in npu.rejections[0]
+    # the Hexagon NPU maps 4 GiB per session, but the HTP build splits the model into
+    # parts that each fit: a 7B W8A16 is held to the phone's app memory, not to 4 GiB
+    npu = next(c for c in p.candidates if (c.target, c.format, c.unit) == ("qnn", "W8A16", "npu"))
+    assert not npu.fits
+    assert "the phone lets an app use about 6.00 GiB" in npu.rejections[0]
+    assert not any("maps at most" in r for r in npu.rejections)
     assert all("\n" not in r for c in p.candidates for r in c.rejections)
+
+
+def test_an_htp_candidate_carries_the_soc_it_is_compiled_for(tmp_path: Path) -> None:
+    """pack --device takes the SoC and the per-part limit from the profile (through the
+    candidate's build_recipe); a Snapdragon profile that names no SoC edgekit compiles
+    for gets prediction-only HTP candidates that say why."""
+    from edgekit.devices import parse_profile
+
+    spec = _config_spec(tmp_path, MISTRAL_7B, "mistral")
+    for device, soc in (
+        ("galaxy-s25-ultra", "SM8750"),
+        ("galaxy-s24-ultra", "SM8650"),
+        ("snapdragon-x-elite-laptop", "SC8380XP"),
+    ):
+        p = plan(spec, load_profile(device), Budgets(context=2048))
+        npu = [c for c in p.candidates if (c.target, c.unit) == ("qnn", "npu")]
+        assert npu and all(c.build_recipe == f"soc={soc},part_gib=4" for c in npu)
+        assert all(c.buildable for c in npu)
+        cpu = [c for c in p.candidates if (c.target, c.unit) == ("qnn", "cpu")]
+        assert cpu and all(c.build_recipe == "" for c in cpu)
+    text = (Path(__file__).parent.parent / "profiles" / "galaxy-s25-ultra.toml").read_text()
+    anonymous = parse_profile(text.replace('soc = "SM8750"\n', ""), "no-soc")
+    p = plan(spec, anonymous, Budgets(context=2048))
+    npu = [c for c in p.candidates if (c.target, c.unit) == ("qnn", "npu")]
+    assert npu and all(not c.buildable and "names no SoC" in c.build_note for c in npu)
 
 
 def test_nothing_fits_says_the_smallest_option_and_the_shortfall(
@@ -357,12 +384,23 @@ def test_within_a_tier_requantizing_up_ranks_after_what_does_not(
     assert sorted([faster_up, own], key=rank) == [own, faster_up]
 
 
-def test_a_unit_edgekit_cannot_build_for_is_prediction_only(tmp_path: Path) -> None:
-    """A target that builds its format for one unit but not another (QNN: ONNX CPU
-    variants yes, the Hexagon HTP variant not yet): the other unit's candidates are
-    predicted and ranked but never packed, and say why."""
-    from edgekit.targets.registry import all_targets
+def test_a_unit_edgekit_cannot_build_for_is_prediction_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target that builds its format for one unit but not another (as QNN did before
+    edgekit built the HTP variant: ONNX CPU variants yes, the HTP not yet): the other
+    unit's candidates are predicted and ranked but never packed, and say why."""
+    from edgekit.targets.registry import all_targets, get_target
 
+    qnn = get_target("qnn")
+    monkeypatch.setattr(
+        qnn,
+        "units",
+        tuple(
+            replace(u, not_built="not built for this test") if u.kind == "npu" else u
+            for u in qnn.units
+        ),
+    )
     spec = _config_spec(tmp_path, MISTRAL_7B, "mistral")
     split = [(t, u) for t in all_targets() for u in t.units if u.not_built and t.runs]
     assert split, "no runnable target declares a unit it cannot build for"

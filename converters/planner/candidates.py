@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgekit.converters.layouts import WeightLayout, tensor_layer
 from edgekit.converters.planner import quality
 from edgekit.converters.planner.predict import Prediction, Unit, predict
 from edgekit.converters.planner.ranking import tier
@@ -13,6 +14,7 @@ from edgekit.converters.planner.values import Budgets, Candidate
 from edgekit.targets.contract import Coefficients, Target
 
 from edgekit.devices import GIB, DeviceProfile, PowerMode
+from edgekit.errors import EdgekitError
 from edgekit.modelspec import ModelSpec
 
 
@@ -42,7 +44,8 @@ def limit_why(profile: DeviceProfile, unit: Unit, budgets: Budgets) -> tuple[int
     if budgets.memory_bytes is not None and budgets.memory_bytes < limit:
         return budgets.memory_bytes, "the --memory budget is"
     acc = unit.accelerator
-    if acc.max_model_gib is not None and acc.max_model_gib * GIB <= limit:
+    # the unit's memory is the accelerator's mapping limit (not for a build that splits)
+    if acc.max_model_gib is not None and int(acc.max_model_gib * GIB) == limit:
         return limit, f"the {acc.name} maps at most"
     if acc.memory_gib:
         return limit, f"the {acc.name} has"
@@ -92,9 +95,15 @@ def candidate(
         kl, kl_source = judged.kl, judged.source
         up, quality_note = judged.requantizes_up, judged.note
     reasons = _memory_and_device(f"{target.name} {fmt}", pred, limit, why, unit, budgets)
+    reasons += _parts(f"{target.name} {fmt}", layout, target, unit)
     reasons += _power(profile, slot.mode, budgets)
     reasons += _speed_and_quality(f"{target.name} {fmt}", pred, kl, kl_source, budgets)
     can_build, build_note = buildable(spec, target, unit.accelerator.kind)
+    build_recipe = ""
+    try:
+        build_recipe = target.build_recipe(profile, unit.accelerator)
+    except EdgekitError as exc:  # no build for this unit of this device
+        can_build, build_note = False, exc.message
     return Candidate(
         target=target.name,
         unit=unit.accelerator.kind,
@@ -113,7 +122,7 @@ def candidate(
         storage=layout.by_storage(),
         requantizes_up=up,
         quality_note=quality_note,
-        build_recipe=target.build_recipe(profile, unit.accelerator),
+        build_recipe=build_recipe,
     )
 
 
@@ -134,6 +143,27 @@ def _memory_and_device(
             f"tokens; --ctx {context} is longer"
         )
     return reasons
+
+
+def _parts(name: str, layout: WeightLayout, target: type[Target], unit: Unit) -> list[str]:
+    """A build that splits the model (``UnitSupport.splits_model``) cannot split a layer:
+    the largest one must fit the accelerator's per-session limit."""
+    acc = unit.accelerator
+    support = target.unit(acc.kind)
+    if acc.max_model_gib is None or support is None or not support.splits_model:
+        return []
+    per_layer: dict[int, int] = {}
+    for t in layout.tensors:
+        layer = tensor_layer(t.name)
+        if layer is not None:
+            per_layer[layer] = per_layer.get(layer, 0) + t.nbytes
+    largest = max(per_layer.values(), default=0)
+    if largest <= acc.max_model_gib * GIB:
+        return []
+    return [
+        f"{name}: one layer weighs {largest / GIB:.2f} GiB; the {acc.name} maps at most "
+        f"{acc.max_model_gib:g} GiB per part"
+    ]
 
 
 def _power(profile: DeviceProfile, mode: PowerMode | None, budgets: Budgets) -> list[str]:

@@ -79,7 +79,9 @@ def _unit(
         bandwidth = profile.memory.bandwidth_gbps
         if mode is not None and mode.bandwidth_gbps is not None:
             bandwidth = mode.bandwidth_gbps
-    if acc.max_model_gib is not None and acc.max_model_gib * GIB < memory:
+    support = target.unit(acc.kind)
+    splits = support is not None and support.splits_model
+    if acc.max_model_gib is not None and acc.max_model_gib * GIB < memory and not splits:
         memory = int(acc.max_model_gib * GIB)
         note = f"the {acc.name} maps at most {acc.max_model_gib:g} GiB per process"
     precision, tflops = _peak(profile, acc, target)

@@ -98,7 +98,7 @@ def pack_command(
         planned = plan_for(source, device, budgets)
         if not as_json:
             render_plan(planned, render.console(stderr=True))
-        requests.append(VariantRequest.from_plan(planned, recipe=recipe))
+        requests += VariantRequest.for_device(planned, recipe=recipe)
         max_quality_loss = None  # the plan held the formats to it; no second evaluation
     if not quant and device is None:  # the request's default quantization
         requests.append(VariantRequest(target=target, recipe=recipe, context=context))
