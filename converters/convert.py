@@ -62,10 +62,12 @@ def convert_model(
     recipe: str | None = None,
     tokenizer_pre: str | None = None,
     threads: int | None = None,
+    context: int | None = None,
     force: bool = False,
     progress: ProgressCallback = no_progress,
 ) -> ConvertResult:
-    """Convert ``src`` to ``to`` (a format name, or "hf") at ``out``.
+    """Convert ``src`` to ``to`` (a format name, or "hf") at ``out``; ``context`` sizes a
+    static KV cache (an HTP variant's), where the format has one.
 
     Raises:
         UnsupportedConversionError, TargetUnavailableError, OutputExistsError,
@@ -90,6 +92,7 @@ def convert_model(
             reuse={},
             tokenizer_pre=tokenizer_pre,
             threads=threads,
+            context=context,
             force=force,
             progress=progress,
         )
@@ -155,6 +158,7 @@ def convert_along(
     reuse: Intermediates,
     tokenizer_pre: str | None = None,
     threads: int | None = None,
+    context: int | None = None,
     force: bool = False,
     progress: ProgressCallback = no_progress,
 ) -> ConvertResult:
@@ -182,6 +186,7 @@ def convert_along(
             recipe=recipe if last else None,
             tokenizer_pre=tokenizer_pre,
             threads=threads,
+            context=context if last else None,
             force=force and last,
             progress=progress,
         )

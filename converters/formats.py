@@ -62,6 +62,9 @@ class ConvertRequest:
     recipe: Recipe | None
     tokenizer_pre: str | None = None
     threads: int | None = None
+    # the context the variant is built for: a format whose KV cache is static (an HTP
+    # context binary) sizes it to this; None: the format's default
+    context: int | None = None
     force: bool = False
     progress: ProgressCallback
 

@@ -265,17 +265,22 @@ class _Builder:
             recipe=planned.recipe,
             scratch=self.scratch,
             reuse=self.reuse,
+            context=self._context(planned),
             progress=self.progress,
         )
         self.warnings.extend(w for w in converted.warnings if w not in self.warnings)
         measured = gate.check(planned.target, planned.quant, path) if gate is not None else None
         return self._variant(planned, variant_dir, path, measured)
 
+    def _context(self, planned: PlannedVariant) -> int:
+        """The context the variant is packed for (the runtime's, and a static KV cache's)."""
+        return planned.request.context or min(self.spec.context_length, DEFAULT_CONTEXT)
+
     def _variant(
         self, planned: PlannedVariant, variant_dir: Path, path: Path, measured: Quality | None
     ) -> Variant:
         recipe = planned.recipe
-        context = planned.request.context or min(self.spec.context_length, DEFAULT_CONTEXT)
+        context = self._context(planned)
         predicted = planned.request.predicted or Figures(
             memory_bytes=memory_parts(
                 inspect_model(path),

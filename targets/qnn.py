@@ -97,7 +97,7 @@ class QnnTarget(Target):
             kind="npu",
             # the HTP variants: static-shape QDQ (or float, run at fp16) graphs compiled
             # to context binaries for one SoC; the CPU variants do not run on the HTP
-            formats=("W8A16", "FP16"),
+            formats=("W16A16", "W8A16", "FP16"),
             # parts of at most the HTP's per-session limit (the recipe's part_gib)
             splits_model=True,
             priors=Coefficients(

@@ -296,7 +296,7 @@ def test_layout_is_what_the_builder_wrote(
 
 def test_the_format_is_buildable_and_packs_int4() -> None:
     assert FORMAT.buildable and FORMAT.pack_default() == "INT4"
-    assert list(FORMAT.quants) == ["FP32", "INT8", "INT4", "W8A16", "FP16"]
+    assert list(FORMAT.quants) == ["FP32", "INT8", "INT4", "W16A16", "W8A16", "FP16"]
     assert FORMAT.quants["FP32"].lossless and not FORMAT.quants["INT4"].lossless
     assert FORMAT.quants["INT4"].bits_per_weight == 5.0  # 4 bits + an f32 scale per 32
     assert [f"{e.source}->{e.output}" for e in graph.route("hf", "onnx")] == ["hf->onnx"]
@@ -471,3 +471,19 @@ def test_the_variant_keeps_the_source_tokenizer_when_the_builder_would_rebuild_i
     assert json.loads((out / "tokenizer.json").read_text())["pre_tokenizer"] == json.loads(
         (src / "tokenizer.json").read_text()
     )["pre_tokenizer"]
+
+
+def test_cli_convert_to_an_htp_variant_prints_clean_json(builds: Builds, tmp_path: Path) -> None:
+    """ONNX Runtime's QDQ quantizer warns on the root logger ("failed to infer the type of
+    tensor", "consider pre-processing"): none of it reaches the terminal."""
+    require("onnxruntime_qnn", "the HTP variant is compiled with onnxruntime-qnn")
+    out = tmp_path / "htp"
+    done = _cli(
+        "convert", str(builds.source("llama")), "--to", "onnx", "--quant", "W16A16",
+        "--recipe", "soc=SM8650", "-o", str(out), "--json", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert (report["format"], report["quant"]) == ("onnx", "W16A16")
+    assert "WARNING" not in done.stderr and "pre-processing" not in done.stderr, done.stderr
+    assert json.loads((out / "edgekit.json").read_text())["htp"]["stage"] == "context"

@@ -74,7 +74,7 @@ ARCHITECTURES = {
 BUILDABLE = frozenset(ARCHITECTURES.values())
 PRECISIONS = {"FP32": "fp32", "INT8": "int8", "INT4": "int4"}
 # QNN HTP variants (htp_build): built from the builder's FP32 graph, for one Snapdragon SoC
-HTP_QUANTS = ("W8A16", "FP16")
+HTP_QUANTS = ("W16A16", "W8A16", "FP16")
 KV_CACHE = ("f32", "f16")  # both mean the CPU graph's f32 cache (see above)
 SETTINGS_FILE = "edgekit.json"
 NEEDED = ("model.onnx", "genai_config.json", "tokenizer.json")
@@ -196,8 +196,9 @@ def _htp_options(name: str, recipe: Recipe) -> BuildOptions:
     if unsupported:
         raise UnsupportedConversionError(
             f"the {name} HTP build cannot express {', '.join(unsupported)}",
-            hint="W8A16: per-tensor uint8 weights, uint16 activations, the embedding f32 on "
-            "the CPU, calibration=FILE the only option; FP16 is not calibrated",
+            hint="W16A16 / W8A16: per-tensor uint16 / uint8 weights, uint16 activations, the "
+            "embedding f32 on the CPU, calibration=FILE the only option; FP16 is not "
+            "calibrated",
         )
     if recipe.kv_cache not in KV_CACHE:
         raise UnsupportedConversionError(
@@ -287,9 +288,11 @@ def hf_to_onnx(
     recipe: Recipe | None = None,
     force: bool = False,
     progress: ProgressCallback = no_progress,
+    context: int | None = None,
 ) -> OnnxResult:
     """Build ``src`` (a Hugging Face folder) as an onnxruntime-genai CPU model at ``out``;
-    an HTP quant (W8A16, FP16, with ``recipe.soc``) goes to ``htp_build.hf_to_htp``.
+    an HTP quant (W8A16, FP16, with ``recipe.soc``) goes to ``htp_build.hf_to_htp``, its
+    static KV cache ``context`` long (the CPU model's grows as it goes: unused there).
 
     Raises:
         UnsupportedConversionError: unknown quantization, recipe option, architecture, no
@@ -305,7 +308,13 @@ def hf_to_onnx(
         from edgekit.converters.onnx.htp_build import hf_to_htp
 
         return hf_to_htp(
-            src, out, options.quant, recipe=options.recipe, force=force, progress=progress
+            src,
+            out,
+            options.quant,
+            recipe=options.recipe,
+            force=force,
+            progress=progress,
+            context=context,
         )
     check_destination(out, force=force)
     check_source(src)
@@ -456,9 +465,13 @@ def _quiet_builder() -> Iterator[_LogWriter]:
     """Keep the builder's prints, tqdm bars, warnings and INFO logs out of the terminal
     (they go to the ``edgekit`` debug log; ``--json`` output must stay clean). Importing
     onnxruntime's MatMulNBits quantizer runs ``logging.basicConfig``: the root handler it
-    adds is removed on the way out."""
+    adds is removed on the way out. ONNX Runtime's QDQ quantizer warns on the root logger
+    itself (``logging.warning``): a filter on the root logger sends those records to the
+    debug log instead of the CLI's handlers."""
     root = logging.getLogger()
     handlers, root_level = list(root.handlers), root.level
+    root_filter = _RootToDebug()
+    root.addFilter(root_filter)
     noisy = [
         logging.getLogger(n)
         for n in ("onnxruntime", "onnxruntime_genai", "onnx_ir", "transformers")
@@ -473,11 +486,20 @@ def _quiet_builder() -> Iterator[_LogWriter]:
             with contextlib.redirect_stdout(writer), contextlib.redirect_stderr(writer):
                 yield writer
     finally:
+        root.removeFilter(root_filter)
         for handler in [h for h in root.handlers if h not in handlers]:
             root.removeHandler(handler)
         root.setLevel(root_level)
         for logger, level in zip(noisy, levels, strict=True):
             logger.setLevel(level)
+
+
+class _RootToDebug(logging.Filter):
+    """Records logged on the root logger itself go to edgekit's debug log, not out."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        log.debug("%s: %s", record.levelname, record.getMessage())
+        return False
 
 
 class _LogWriter(io.StringIO):

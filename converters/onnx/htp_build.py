@@ -5,7 +5,7 @@ Steps, each reported as a progress event:
 1. the onnxruntime-genai builder's FP32 CPU decoder, in-process (as ``export`` runs it);
 2. static graphs (``htp_graph``): sequence-length inputs, no Skip* norms, batch 1, a
    ``context``-long KV cache;
-3. W8A16 only: QDQ quantization calibrated on local text (``htp_quantize``); FP16 keeps
+3. W8A16 and W16A16: QDQ quantization calibrated on local text (``htp_quantize``); FP16 keeps
    the float graph (the HTP runs it at fp16);
 4. the split (``htp_split``): a CPU embeddings graph and N parts whose weights each fit
    ``part_gib``, each part a prompt graph (the window) and a token graph (1 token) over
@@ -35,7 +35,7 @@ from edgekit.converters.onnx.export import (
     build_options,
     check_source,
 )
-from edgekit.converters.onnx.htp_quantize import DEFAULT_QUANT, HtpQuantConfig
+from edgekit.converters.onnx.htp_quantize import DEFAULT_QUANT, QUANT_CONFIGS, HtpQuantConfig
 from edgekit.converters.onnx.socs import Soc
 from edgekit.converters.recipe import Recipe
 
@@ -126,7 +126,7 @@ def hf_to_htp(
     window: int = DEFAULT_WINDOW,
     context: int | None = None,
     stop_at_qdq: bool = False,
-    quant_config: HtpQuantConfig = DEFAULT_QUANT,
+    quant_config: HtpQuantConfig | None = None,
 ) -> OnnxResult:
     """Build ``src`` (a Hugging Face folder) as a QNN HTP variant for ``recipe.soc`` at
     ``out``: the context stage when onnxruntime-qnn can compile here and ``stop_at_qdq`` is
@@ -140,6 +140,8 @@ def hf_to_htp(
     """
     src, out = Path(src), Path(out)
     plan = plan_htp(src, quant, recipe, window=window, context=context)
+    # the quant's own settings unless the caller brings others (QUANT_CONFIGS says why)
+    quant_config = quant_config or QUANT_CONFIGS.get(plan.options.quant, DEFAULT_QUANT)
     check_destination(out, force=force)
     require(BUILDER, "ONNX export")
     why = "" if stop_at_qdq else _compile_unavailable()
@@ -201,7 +203,7 @@ def _build_qdq(
     )
     write_new(fp32 / "static.onnx", static.SerializeToString())  # beside its weights
     source, model, calibration = fp32, static, None
-    if plan.options.quant == "W8A16":
+    if plan.options.quant in QUANT_CONFIGS:
         step(2, "calibrating and quantizing (QDQ)")
         source, calibration = work / "quantized", _quantize(fp32, work, plan, config)
         model = htp_graph.infer_shapes(htp_graph.load_structure(source / "static.onnx"), source)

@@ -25,7 +25,7 @@ from edgekit.safe_files import UnsafePathError, open_regular, split_relative
 from edgekit.untrusted import parse_json
 
 GENAI_CONFIG = "genai_config.json"
-QUANTS = ("W8A16", "W4A16", "FP16")
+QUANTS = ("W16A16", "W8A16", "FP16")
 MAX_PARTS = 64
 CONFIG_BYTES = 4 << 20  # genai_config.json: a few KB
 SETTINGS_BYTES = 64 << 10  # edgekit.json

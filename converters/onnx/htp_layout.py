@@ -1,18 +1,18 @@
-"""What a QNN HTP variant (W8A16, FP16) holds per tensor, for the planner, and the
+"""What a QNN HTP variant (W16A16, W8A16, FP16) holds per tensor, for the planner, and the
 per-part size check an HTP build makes before it writes anything.
 
 The rules follow ``htp_build`` (read off built tiny models, tests/test_onnx_htp.py):
 
 - every matrix is the builder's MatMul (Q, K, V fused into ``qkv_proj``, Phi-3's
-  ``gate_up_proj`` split): W8A16 stores it as uint8, one scale and zero point per tensor
-  (per-tensor: QNN 2.7.0 rejects per-channel MatMul weights); FP16 ships it f32 in the QDQ
-  stage and the HTP holds it at fp16 (the size given here: what a part weighs on the
-  device, what ``part_gib`` bounds);
-- norm weights and biases: W8A16 quantizes them like the matrices (uint8); FP16 at fp16;
+  ``gate_up_proj`` split): W16A16 / W8A16 store it as uint16 / uint8, one scale and
+  zero point per tensor (per-tensor: QNN 2.7.0 rejects per-channel MatMul weights);
+  FP16 ships it f32 in the QDQ stage and the HTP holds it at fp16 (the size given here:
+  what a part weighs on the device, what ``part_gib`` bounds);
+- norm weights and biases: the QDQ quants quantize them like the matrices; FP16 at fp16;
 - the embedding runs on the CPU as its own graph and stays f32; a tied embedding is an
   f32 copy of lm_head's matrix there, beside lm_head in the last part;
 - RoPE caches: ``max_position_embeddings`` x head_dim / 2 per cos/sin, in every part
-  (Gemma 3: a local and a global pair), W8A16 as uint16, FP16 at fp16;
+  (Gemma 3: a local and a global pair), the QDQ quants as uint16, FP16 at fp16;
 - not counted: the per-tensor scales and zero points of activations (a few bytes each,
   under 1% of a tiny model's part).
 """
@@ -34,13 +34,14 @@ from edgekit.modelspec import ModelSpec, TensorInfo
 
 GIB = 1 << 30
 # bytes per weight as the HTP holds it: (matrices and vectors, RoPE caches)
-_BYTES = {"W8A16": (1, 2), "FP16": (2, 2)}
-_STORAGE = {"W8A16": "U8", "FP16": "F16"}
+_BYTES = {"W16A16": (2, 2), "W8A16": (1, 2), "FP16": (2, 2)}
+_STORAGE = {"W16A16": "U16", "W8A16": "U8", "FP16": "F16"}
+_QDQ = ("W16A16", "W8A16")  # quantized: a scale and zero point per tensor
 _QPARAMS = 5  # a per-tensor f32 scale and a uint8 zero point
 
 
 def htp_layout(spec: ModelSpec, quant: str) -> WeightLayout:
-    """``spec`` as an HTP variant in ``quant`` (W8A16 or FP16) holds it.
+    """``spec`` as an HTP variant in ``quant`` (W16A16, W8A16 or FP16) holds it.
 
     Raises:
         UnsupportedConversionError: not an HTP quantization, or a matrix the builder does
@@ -49,7 +50,7 @@ def htp_layout(spec: ModelSpec, quant: str) -> WeightLayout:
     name = quant.upper()
     if name not in _BYTES:
         raise UnsupportedConversionError(
-            f"{quant!r} is not an HTP quantization", hint="use W8A16 or FP16"
+            f"{quant!r} is not an HTP quantization", hint="use W16A16, W8A16 or FP16"
         )
     out: list[TensorLayout] = []
     matrices: dict[str, tuple[Role, int, int]] = {}
@@ -109,7 +110,7 @@ def check_fits(spec: ModelSpec, quant: str, part_gib: float) -> None:
 
 
 def _weight(name: str, role: Role, shape: tuple[int, ...], quant: str) -> TensorLayout:
-    size = numel(shape) * _BYTES[quant][0] + (_QPARAMS if quant == "W8A16" else 0)
+    size = numel(shape) * _BYTES[quant][0] + (_QPARAMS if quant in _QDQ else 0)
     return TensorLayout(name=name, role=role, shape=shape, storage=_STORAGE[quant], nbytes=size)
 
 
@@ -131,7 +132,7 @@ def _rope(spec: ModelSpec, quant: str) -> list[TensorLayout]:
             name=f"{kind}_cache{suffix}",
             role="other",
             shape=shape,
-            storage="U16" if quant == "W8A16" else "F16",
+            storage="U16" if quant in _QDQ else "F16",
             nbytes=numel(shape) * _BYTES[quant][1],
         )
         for suffix in suffixes
