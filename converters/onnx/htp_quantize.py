@@ -248,10 +248,14 @@ def quantize_static(
     if config.lm_head_weight_type is not None:
         kind = getattr(QuantType, config.lm_head_weight_type)
         overrides = {name: [{"quant_type": kind}] for name in _lm_head_weights(fp32_static)}
+    import onnxruntime as ort
     from edgekit.converters.onnx.export import _quiet_builder
 
     try:
-        with _quiet_builder():  # the quantizer warns on the root logger
+        # the quantizer warns on the root logger, and its calibration sessions through
+        # ONNX Runtime's default logger (unused initializers of every graph it opens)
+        ort.set_default_logger_severity(3)
+        with _quiet_builder():
             qdq = _qdq_config(fp32_static, reader, config, overrides, ids, window)
             quantize(str(fp32_static), str(out), qdq)
     except MemoryError as exc:
@@ -264,6 +268,8 @@ def quantize_static(
             f"QDQ quantization failed: {type(exc).__name__}: {exc}",
             hint="edgekit -vv convert ... shows ONNX Runtime's quantizer log",
         ) from exc
+    finally:
+        ort.set_default_logger_severity(2)  # ONNX Runtime's default: warnings
     return reader.count
 
 
