@@ -86,13 +86,13 @@ class VariantRequest:
         given = {o.partition("=")[0].strip().replace("-", "_") for o in options}
         if "kv_cache" not in given:
             options.append(f"kv_cache={budgets.kv_cache}")
-        # what a build for the planned unit needs (a chip to compile for); the caller's
-        # own options win
-        options += [
-            o
-            for o in candidate.build_recipe.split(",")
-            if o.strip() and o.partition("=")[0].strip() not in given
-        ]
+        # what a build for the planned unit needs (a chip to compile for): the caller may
+        # repeat it or ask for smaller parts, not build for another chip than the device's
+        needed = dict(
+            o.strip().partition("=")[::2] for o in candidate.build_recipe.split(",") if o.strip()
+        )
+        _check_device_options(options, needed, device)
+        options += [f"{k}={v}" for k, v in needed.items() if k not in given]
         return cls(
             target=candidate.target,
             quant=candidate.format,
@@ -156,6 +156,35 @@ class VariantRequest:
                     )
                 )
         return requests
+
+
+def _check_device_options(options: list[str], needed: dict[str, str], device: str) -> None:
+    """Refuse recipe options that contradict what the device's build needs.
+
+    Raises:
+        UnsupportedConversionError: another SoC than the device's, or parts larger than
+            its per-session limit.
+    """
+    for option in options:
+        key, _, value = (s.strip() for s in option.partition("="))
+        key = key.replace("-", "_")
+        if key not in needed:
+            continue
+        if key == "part_gib":
+            try:
+                larger = float(value) > float(needed[key])
+            except ValueError:
+                continue  # the recipe parser says what is wrong with it
+            if not larger:
+                continue
+        elif value.upper() == needed[key].upper():
+            continue
+        raise UnsupportedConversionError(
+            f"recipe {key}={clean_text(value)} contradicts {device}, whose build needs "
+            f"{key}={needed[key]}",
+            hint=f"leave {key} out with --device (pack --device takes it from the profile), "
+            "or pack with --target and --quant for another chip",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,7 @@ from edgekit.converters.planner.admission import Fit, load_fit, load_unit
 from edgekit.converters.planner.calibration import this_host_key
 from edgekit.errors import (
     InsufficientMemoryError,
+    ModelError,
     NoUsableVariantError,
     UnsupportedConversionError,
 )
@@ -72,8 +73,12 @@ def variant_fit(
     )
 
 
-def _candidates(opened: OpenedBundle, requested: str | None, runnable: set[str]) -> list[Variant]:
-    """The requested variant, or every runnable one, highest quality first.
+def _candidates(
+    opened: OpenedBundle, requested: str | None, runnable: set[str], device: str
+) -> list[Variant]:
+    """The requested variant, or every runnable one, highest quality first (a variant
+    built for other hardware, such as an HTP context binary, is not a candidate: its
+    target's ``variant_runs_here`` says why).
 
     Raises:
         NoUsableVariantError: the requested variant's (or every variant's) target cannot
@@ -88,15 +93,25 @@ def _candidates(opened: OpenedBundle, requested: str | None, runnable: set[str])
                 hint="run `edgekit probe` to see the usable targets",
             )
         return [chosen]
+    elsewhere: dict[str, str] = {}
+    for v in manifest.variants:
+        if v.target in runnable:
+            try:
+                why = get_target(v.target).variant_runs_here(opened.variant_path(v), device)
+            except ModelError as exc:  # a variant its target cannot read is no candidate
+                why = exc.message
+            if why:
+                elsewhere[v.name] = why
     candidates = sorted(
-        (v for v in manifest.variants if v.target in runnable),
+        (v for v in manifest.variants if v.target in runnable and v.name not in elsewhere),
         key=lambda v: quality_rank(get_target(v.target), v.quant),
         reverse=True,
     )
     if not candidates:
         targets = ", ".join(sorted({v.target for v in manifest.variants}))
+        reasons = "".join(f"; {name}: {why}" for name, why in elsewhere.items())
         raise NoUsableVariantError(
-            f"no variant of {manifest.name} can run here (it has {targets})",
+            f"no variant of {manifest.name} can run here (it has {targets}){reasons}",
             hint="install the target's extra, or pack a variant for a target this host has",
         )
     return candidates
@@ -122,7 +137,7 @@ def choose_variant(
         InsufficientMemoryError: the chosen (or every) variant is predicted not to fit;
             the message says by how much and which smaller variant would fit.
     """
-    candidates = _candidates(opened, requested, runnable)
+    candidates = _candidates(opened, requested, runnable, device)
     key = this_host_key()
     fits: list[tuple[Variant, Fit]] = []
     unpredictable: list[str] = []

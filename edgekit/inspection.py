@@ -120,15 +120,21 @@ _PICKLE_MAGIC = (b"PK\x03\x04", b"\x80")
 def _pickle_checkpoint(folder: Path, f: Path) -> bool:
     """Whether ``f`` in ``folder`` may be a pickle checkpoint. Two folder formats keep
     other data in .bin files: an OpenVINO IR its weights in NAME.bin beside NAME.xml, an
-    ONNX Runtime GenAI variant (genai_config.json) its QNN context binaries; such a .bin
-    counts only when it starts like a checkpoint (a zip archive or a pickle)."""
+    ONNX Runtime GenAI variant (genai_config.json) its QNN context binaries, NAME_qnn.bin
+    beside the NAME.onnx wrapper; such a .bin still counts when it starts like a
+    checkpoint (a zip archive or a pickle)."""
     if f.suffix.lower() not in PICKLE_SUFFIXES:
         return False
     if f.suffix.lower() != ".bin":
         return True
     if f.with_suffix(".xml").is_file():
         return False
-    if not (folder / "genai_config.json").is_file():
+    wrapper = folder / (f.name.removesuffix("_qnn.bin") + ".onnx")
+    if not (
+        (folder / "genai_config.json").is_file()
+        and f.name.endswith("_qnn.bin")
+        and wrapper.is_file()
+    ):
         return True
     try:
         with f.open("rb") as handle:

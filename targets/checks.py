@@ -66,13 +66,13 @@ def _range_text(low: int, high: int | None, note: str) -> str:
     return f"{text} ({note})" if note else text
 
 
-def number(
-    name: str, value: Any, *, low: float, high: float, low_open: bool = False
-) -> float:
+def number(name: str, value: Any, *, low: float, high: float, low_open: bool = False) -> float:
     """``value`` as a finite float within [low, high] (or (low, high] when ``low_open``)."""
     valid = f"above {low:g} and at most {high:g}" if low_open else f"{low:g} to {high:g}"
-    if isinstance(value, bool) or not isinstance(value, int | float) and not hasattr(
-        value, "__float__"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        and not hasattr(value, "__float__")
     ):
         raise SettingError(
             f"{name} must be a number, not {type(value).__name__} {_show(value)}",
@@ -102,8 +102,7 @@ def choice(name: str, value: Any, options: Sequence[str], *, fold: str = "lower"
     listed = ", ".join(options)
     if not isinstance(value, str):
         raise SettingError(
-            f"{name} must be a string: one of {listed}, not {type(value).__name__} "
-            f"{_show(value)}",
+            f"{name} must be a string: one of {listed}, not {type(value).__name__} {_show(value)}",
             hint=f"use one of {listed}",
         )
     folded = value.lower() if fold == "lower" else value.upper()
@@ -173,16 +172,14 @@ def token_ids(
     for i, item in enumerate(value):
         if isinstance(item, bool) or not hasattr(item, "__index__"):
             raise SettingError(
-                f"{name} must be integers; position {i} holds {type(item).__name__} "
-                f"{_show(item)}",
+                f"{name} must be integers; position {i} holds {type(item).__name__} {_show(item)}",
                 hint="pass the ids tokenize() returned",
             )
         token = operator.index(item)
         if token < 0 or (vocab_size is not None and token >= vocab_size):
             valid = f"0 to {vocab_size - 1}" if vocab_size is not None else "0 or more"
             raise SettingError(
-                f"token id {token} at position {i} is out of range: this model's ids are "
-                f"{valid}",
+                f"token id {token} at position {i} is out of range: this model's ids are {valid}",
                 hint="pass the ids tokenize() returned for this model",
             )
         ids.append(token)

@@ -200,6 +200,18 @@ class Target(ABC):
         return "cpu" if "cpu" in kinds else kinds[0]
 
     @classmethod
+    def variant_runs_here(cls, model: Path, device: str) -> str:
+        """Why this host cannot run the built variant at ``model`` on ``device`` ("": it
+        can, as far as the target knows before loading): a variant compiled for one chip
+        runs only there. ``edgekit.load`` choosing on its own skips such a variant. May
+        import the SDK.
+
+        Raises:
+            ModelError: the variant is not one the target reads.
+        """
+        return ""
+
+    @classmethod
     def device_settings(cls, device: str) -> dict[str, Any]:
         """The load settings that put a model on ``device`` (auto, cpu, gpu, npu, ...).
 

@@ -109,9 +109,7 @@ def open_llama(path: Path, settings: Settings) -> Llama:
     import llama_cpp
 
     kv = settings.kv_cache
-    with backend_errors(
-        "llama.cpp", f"loading {path}", hint="run with -v to see llama.cpp's log"
-    ):
+    with backend_errors("llama.cpp", f"loading {path}", hint="run with -v to see llama.cpp's log"):
         return llama_cpp.Llama(
             model_path=str(path),
             n_ctx=settings.context,

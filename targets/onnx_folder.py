@@ -106,6 +106,7 @@ def read_folder(path: Path) -> GenaiFolder:
     for token in eos_ids:
         _integer(token, "model.eos_token_id", vocab - 1, low=0)
     stages = _stages(decoder)
+    _check_options([decoder, *stages])
     files = tuple(_model_file(path, stage) for stage in stages)
     given = decoder.get("outputs")
     outputs: dict[str, Any] = given if isinstance(given, dict) else {}
@@ -135,6 +136,62 @@ def read_folder(path: Path) -> GenaiFolder:
         prompt_window=shortest if model_type == PIPELINE and size is not None else 0,
         tokenizer=read_tokenizer_files(path),
     )
+
+
+# What a variant's session_options may set: what the onnxruntime-genai builder and
+# edgekit's HTP compile write, and harmless tuning. Anything else onnxruntime-genai would
+# pass to ONNX Runtime unchecked: ``enable_profiling`` writes files at a path it names,
+# ``backend_path`` / ``ep_context_file_path`` make the QNN provider load or write one.
+SESSION_KEYS = frozenset(
+    {
+        "log_id",
+        "provider_options",
+        "intra_op_num_threads",
+        "inter_op_num_threads",
+        "log_severity_level",
+        "enable_cpu_mem_arena",
+        "enable_mem_pattern",
+        "graph_optimization_level",
+        "session.disable_cpu_ep_fallback",
+        "ep.share_ep_contexts",
+    }
+)
+PROVIDER_KEYS = frozenset(
+    {
+        "backend_type",
+        "soc_model",
+        "htp_arch",
+        "offload_graph_io_quantization",
+        "enable_htp_fp16_precision",
+        "htp_performance_mode",
+        "htp_graph_finalization_optimization_mode",
+        "vtcm_mb",
+        "device_id",
+        "enable_cuda_graph",
+    }
+)
+MAX_STAGES = 1024  # every stage of every pipeline entry (a real one: 2 per part + 1)
+
+
+def _check_options(sections: Sequence[dict[str, Any]]) -> None:
+    """Refuse a session or provider option outside SESSION_KEYS / PROVIDER_KEYS."""
+    for section in sections:
+        options = section.get("session_options", {})
+        if not isinstance(options, dict):
+            raise _bad("a session_options is not an object")
+        unknown = sorted(str(k)[:64] for k in options if k not in SESSION_KEYS)
+        providers = options.get("provider_options", [])
+        if not isinstance(providers, list):
+            raise _bad("a provider_options is not a list")
+        for entry in providers:
+            for name, values in _object(entry, "a provider_options entry").items():
+                opts = _object(values, f"provider {str(name)[:64]!r}'s options")
+                unknown += sorted(str(k)[:64] for k in opts if k not in PROVIDER_KEYS)
+        if unknown:
+            raise _bad(
+                f"sets {', '.join(map(repr, unknown[:8]))}, which edgekit does not pass to "
+                "ONNX Runtime (a session option can write files or load a library)"
+            )
 
 
 def _check_strings(config: dict[str, Any]) -> None:
@@ -207,6 +264,8 @@ def _stages(decoder: dict[str, Any]) -> list[dict[str, Any]]:
     stages = []
     for entry in pipeline:
         named = _object(entry, "a model.decoder.pipeline entry")
+        if len(stages) + len(named) > MAX_STAGES:
+            raise _bad(f"model.decoder.pipeline has more than {MAX_STAGES:,} stages")
         stages += [_object(stage, f"pipeline stage {name!r}") for name, stage in named.items()]
     return stages
 

@@ -217,6 +217,19 @@ class QnnTarget(Target):
         return "npu" if qnn_host.qnn_present(ort) else "cpu"
 
     @classmethod
+    def variant_runs_here(cls, model: Path, device: str) -> str:
+        """A context-binary variant runs only on the HTP of its SoC: the reason the
+        provider pick would refuse it with, else ""."""
+        folder = read_folder(Path(model))
+        if not _compiled(folder) and device != "npu":
+            return ""
+        try:
+            pick_provider(device if device in DEVICES else "auto", folder)
+        except TargetUnavailableError as exc:
+            return exc.message
+        return ""
+
+    @classmethod
     def device_settings(cls, device: str) -> dict[str, Any]:
         super().device_settings(device)  # refuses a device this target does not know
         return {"device": device}

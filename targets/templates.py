@@ -125,8 +125,9 @@ def _check_format_spec(fmt: str, budget: _Budget) -> None:
             budget.size(int(n), "a format field")
 
 
-def _check_str_method(owner: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      budget: _Budget) -> tuple[Any, ...]:
+def _check_str_method(
+    owner: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], budget: _Budget
+) -> tuple[Any, ...]:
     """Size checks for the str methods whose result can be far larger than their input;
     returns the arguments to call with (an iterator given to join is read once, here)."""
     if name in ("ljust", "rjust", "center", "zfill"):
@@ -183,8 +184,9 @@ def _safe_filters() -> dict[str, Any]:
     @pass_eval_context
     def replace(eval_ctx: Any, s: Any, old: Any, new: Any, count: int | None = None) -> str:
         text, old, new = str(s), str(old), str(new)
-        _check_str_method(text, "replace", (old, new, -1 if count is None else count), {},
-                          _budget())
+        _check_str_method(
+            text, "replace", (old, new, -1 if count is None else count), {}, _budget()
+        )
         return text.replace(old, new, -1 if count is None else count)
 
     def format_(value: Any, *args: Any, **kwargs: Any) -> str:
@@ -255,8 +257,10 @@ def _check_binop(operator: str, left: Any, right: Any) -> None:
     elif operator == "**" and isinstance(left, int) and isinstance(right, int):
         if abs(left) > 1 and right > 0 and right * math.log2(abs(left)) > _MAX_INT_BITS:
             raise _LimitReached(f"{left} ** {right} is too large a number")
-    elif operator == "+" and isinstance(left, str | list | tuple) and isinstance(
-        right, str | list | tuple
+    elif (
+        operator == "+"
+        and isinstance(left, str | list | tuple)
+        and isinstance(right, str | list | tuple)
     ):
         budget.size(len(left) + len(right), "a + concatenation")
     elif operator == "%" and isinstance(left, str):
@@ -346,9 +350,7 @@ def _compile(source: str) -> Template:
     }
     for kind, tag in loads.items():
         if next(tree.find_all(kind), None) is not None:
-            raise _LimitReached(
-                f"it uses {{% {tag} %}}: a chat template must be self-contained"
-            )
+            raise _LimitReached(f"it uses {{% {tag} %}}: a chat template must be self-contained")
     template: Template = env.from_string(tree)
     return template
 

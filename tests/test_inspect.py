@@ -435,6 +435,9 @@ def test_qnn_context_binaries_in_an_onnx_variant_are_not_pickles(tmp_path: Path)
     (folder / "model.safetensors").unlink()
     (folder / "genai_config.json").write_text("{}")
     (folder / "part0.prompt_ctx_qnn.bin").write_bytes(b"\x00\x00\x02\x00" + bytes(64))
+    with pytest.raises(UnsafeModelError):  # no wrapper names it: it may be anything
+        inspect_model(folder)
+    (folder / "part0.prompt_ctx.onnx").write_bytes(b"\x08\x07")
     assert inspect_model(folder).family == "llama"
     (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"weights": [1]}))
     with pytest.raises(UnsafeModelError, match="pytorch_model.bin"):

@@ -53,7 +53,7 @@ def test_the_plan_adds_the_htp_variant_for_the_phones_soc(source: Path) -> None:
     plan = plan_for(source, "galaxy-s25-ultra")
     requests = VariantRequest.for_device(plan)
     assert (requests[0].target, requests[0].quant) == (plan.choice.target, plan.choice.format)
-    htp = [r for r in requests if r.target == "qnn" and r.quant in ("W8A16", "FP16")]
+    htp = [r for r in requests if r.target == "qnn" and r.quant in ("W16A16", "W8A16", "FP16")]
     assert len(htp) == 1
     assert "soc=SM8750" in htp[0].recipe and "part_gib=4" in htp[0].recipe
 
@@ -62,11 +62,14 @@ def test_pack_device_writes_a_context_binary_variant_for_sm8750(packed: dict) ->
     out: Path = packed["out"]
     manifest = json.loads((out / "manifest.json").read_text())
     names = [v["name"] for v in manifest["variants"]]
-    htp = next(n for n in names if n.startswith("onnx-w8a16") or n.startswith("onnx-fp16"))
+    htp = next(n for n in names if n in ("onnx-w16a16", "onnx-w8a16", "onnx-fp16"))
     folder = out / htp
     settings = json.loads((folder / "edgekit.json").read_text())
     assert settings["htp"]["stage"] == "context"
     assert (settings["htp"]["soc"], settings["htp"]["htp_arch"]) == ("SM8750", 79)
+    # the static KV cache is the context the bundle records for the variant
+    runtime = next(v for v in manifest["variants"] if v["name"] == htp)["runtime"]
+    assert settings["htp"]["context_length"] == runtime["context"] == 256
     assert list(folder.glob("*_ctx.onnx")) and list(folder.glob("*.bin"))
     assert not list(folder.glob("part*.prompt.onnx")), "the QDQ graphs are not shipped"
     config = json.loads((folder / "genai_config.json").read_text())
@@ -86,10 +89,24 @@ def test_on_this_host_the_pick_loads_and_the_htp_variant_is_refused(packed: dict
     htp = next(
         v["name"]
         for v in manifest["variants"]
-        if v["target"] == "qnn" and v["name"].split("-", 1)[1] in ("w8a16", "fp16")
+        if v["target"] == "qnn" and v["name"].split("-", 1)[1] in ("w16a16", "w8a16", "fp16")
     )
     with edgekit.load(out) as session:
         assert session.variant.name != htp
         assert session.generate("Hello", max_tokens=3, temperature=0)
     with pytest.raises(TargetUnavailableError, match="HTP"):
         edgekit.load(out, variant=htp)
+
+
+def test_a_recipe_that_contradicts_the_device_is_refused(source: Path) -> None:
+    """--recipe soc=SM8650 with --device galaxy-s25-ultra would compile for another chip
+    than the phone's (the review found it silently did); smaller parts are fine."""
+    from edgekit.errors import UnsupportedConversionError
+
+    plan = plan_for(source, "galaxy-s25-ultra")
+    for recipe in ("soc=SM8650", "part_gib=8"):
+        with pytest.raises(UnsupportedConversionError, match="contradicts galaxy-s25-ultra"):
+            VariantRequest.for_device(plan, recipe=recipe)
+    htp = [r for r in VariantRequest.for_device(plan, recipe="part_gib=1") if r.target == "qnn"]
+    assert htp and "part_gib=1" in htp[0].recipe and "part_gib=4" not in htp[0].recipe
+    assert "soc=SM8750" in htp[0].recipe

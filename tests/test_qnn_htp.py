@@ -290,6 +290,20 @@ def _external_data_outside(folder: Path, outside: Path) -> None:
     onnx.save(model, str(folder / "part0.prompt.onnx"))
 
 
+def _embedding_data_named_like_a_binary(folder: Path, outside: Path) -> None:
+    """The embeddings' weights renamed to the context binary the compile writes: it would
+    overwrite them (the review found this compiled without a word)."""
+    import onnx
+
+    model = onnx.load(str(folder / "embeddings.onnx"), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                (folder / entry.value).rename(folder / "part0.prompt_ctx_qnn.bin")
+                entry.value = "part0.prompt_ctx_qnn.bin"
+    onnx.save(model, str(folder / "embeddings.onnx"))
+
+
 def _extra_stage(folder: Path, outside: Path) -> None:
     path = folder / "genai_config.json"
     config = _json(path)
@@ -307,8 +321,17 @@ def _extra_stage(folder: Path, outside: Path) -> None:
         (_huge, "genai_config.json"),
         (_external_data_outside, "external data"),
         (_extra_stage, "pipeline stages"),
+        (_embedding_data_named_like_a_binary, "twice"),
     ],
-    ids=["dotdot", "absolute", "symlink", "huge-config", "external-data-outside", "extra-stage"],
+    ids=[
+        "dotdot",
+        "absolute",
+        "symlink",
+        "huge-config",
+        "external-data-outside",
+        "extra-stage",
+        "data-named-like-a-binary",
+    ],
 )
 def test_a_hostile_qdq_folder_is_refused_before_compiling(
     qdq: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: Any, said: str
@@ -371,3 +394,32 @@ def test_compile_unavailable_names_the_missing_module(
     with pytest.raises(TargetUnavailableError, match="onnxruntime_qnn is not installed"):
         compile_variant(qdq, out, SOCS["SM8750"])
     assert not os.path.lexists(out)
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [("decoder", "enable_profiling"), ("stage", "enable_profiling"), ("provider", "backend_path")],
+)
+def test_session_options_outside_the_allow_list_are_refused(
+    qdq: Path, tmp_path: Path, where: str, key: str
+) -> None:
+    """onnxruntime-genai passes session options to ONNX Runtime unchecked: a bundle's
+    ``enable_profiling`` wrote profiles at the path it named on every load (the review
+    found it), a QNN ``backend_path`` would load a library. The folder is refused; the
+    compile does not carry the input's session options into what it ships."""
+    from edgekit.targets.qnn import QnnTarget
+
+    folder = Path(shutil.copytree(qdq, tmp_path / "qdq"))
+    path = folder / "genai_config.json"
+    config = _json(path)
+    decoder = config["model"]["decoder"]
+    section = decoder if where == "decoder" else decoder["pipeline"][0]["part0_prompt"]
+    options = section.setdefault("session_options", {"provider_options": []})
+    if where == "provider":
+        options["provider_options"] = [{"qnn": {key: str(tmp_path / "libevil.so")}}]
+    else:
+        options[key] = str(tmp_path / "profile_")
+    path.write_text(json.dumps(config))
+    with pytest.raises(ModelFormatError, match=key):
+        QnnTarget.load(folder, device="cpu")
+    assert not list(tmp_path.glob("profile_*"))

@@ -59,6 +59,7 @@ def _run_build(req: ConvertRequest) -> tuple[str, ...]:
         recipe=req.recipe,
         force=req.force,
         progress=req.progress,
+        context=req.context,
     )
     return built.warnings
 

@@ -232,7 +232,9 @@ def _quantize(fp32: Path, work: Path, plan: HtpPlan, config: HtpQuantConfig) -> 
     )
 
     name, text = calibration_text(plan.options.recipe.calibration)
-    ids = calibration_tokens(fp32 / "tokenizer.json", text, config.tokens_needed(plan.window))
+    # no more than the static KV cache holds
+    limit = min(config.tokens_needed(plan.window), plan.context)
+    ids = calibration_tokens(fp32 / "tokenizer.json", text, limit)
     (work / "quantized").mkdir()
     samples = quantize_static(
         fp32 / "static.onnx", work / "quantized" / "static.onnx", ids, plan.window, config

@@ -288,7 +288,12 @@ def _plain(name: str) -> bool:
 
 def _context_config(folder: QdqFolder, soc: Soc, share: bool) -> dict[str, Any]:
     config: dict[str, Any] = copy.deepcopy(folder.config)
-    stages = config["model"]["decoder"]["pipeline"][0]
+    decoder = config["model"]["decoder"]
+    # the shipped session options are only these: none of the input's is carried over
+    decoder["session_options"] = {"log_id": "onnxruntime-genai", "provider_options": []}
+    stages = decoder["pipeline"][0]
+    for stage in stages.values():
+        stage.pop("session_options", None)
     session: dict[str, Any] = {
         "log_id": "onnxruntime-genai",
         "session.disable_cpu_ep_fallback": "1",

@@ -101,6 +101,19 @@ def read_qdq_folder(path: Path) -> QdqFolder:
     names = [embeddings.filename] + [g.filename for pair in pairs for g in pair]
     if len(set(names)) != len(names):
         raise _bad(path, GENAI_CONFIG, "names one graph file for two stages")
+    # every file of the compiled variant once: the embeddings' weights must not be named
+    # like a context binary, a wrapper or a copied file (one would overwrite the other)
+    written = [GENAI_CONFIG, SETTINGS_FILE, *COPIED, embeddings.filename, *embeddings.data]
+    for graph in (g for pair in pairs for g in pair):
+        written += [graph.ctx_name, graph.ctx_name[: -len(".onnx")] + "_qnn.bin"]
+    clashes = sorted({n for n in written if written.count(n) > 1})
+    if clashes:
+        raise _bad(
+            path,
+            GENAI_CONFIG,
+            f"makes the compiled variant write {', '.join(clashes)} twice (a graph or its "
+            "weights named like another file of it)",
+        )
     copied = tuple(n for n in COPIED if os.path.lexists(path / n))
     if "tokenizer.json" not in copied:
         raise _bad(path, "tokenizer.json", "is missing")
