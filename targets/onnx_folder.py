@@ -261,7 +261,7 @@ def _stages(decoder: dict[str, Any]) -> list[dict[str, Any]]:
         return [decoder]
     if not isinstance(pipeline, list) or not pipeline or len(pipeline) > 256:
         raise _bad("model.decoder.pipeline is not a list of 1 to 256 stages")
-    stages = []
+    stages: list[dict[str, Any]] = []
     for entry in pipeline:
         named = _object(entry, "a model.decoder.pipeline entry")
         if len(stages) + len(named) > MAX_STAGES:

@@ -28,20 +28,16 @@ recording what was built (the block size the layout needs).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import shutil
-import warnings
-from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgekit.converters.edge_checks import Tool, check_hf_tokenizer, require
 from edgekit.converters.onnx.layout import DEFAULT_BLOCK, check_block_size
+from edgekit.converters.onnx.quiet import quiet_builder
 from edgekit.converters.onnx.socs import Soc, require_soc
 from edgekit.converters.recipe import Recipe
 
@@ -355,7 +351,7 @@ def check_source(src: Path) -> str:
 
 def _run_builder(src: Path, tmp: Path, cache: Path, options: BuildOptions) -> None:
     """The builder, in-process, its prints and progress bars sent to the debug log."""
-    with _quiet_builder() as output:
+    with quiet_builder() as output:
         try:
             from onnxruntime_genai.models.builder import create_model, parse_extra_options
 
@@ -458,60 +454,3 @@ def _verify(folder: Path) -> None:
     decoder = config.get("model", {}).get("decoder", {}) if isinstance(config, dict) else {}
     if not isinstance(decoder, dict) or decoder.get("filename") != "model.onnx":
         raise ConversionError(f"verification failed: {path} names no model.onnx decoder")
-
-
-@contextlib.contextmanager
-def _quiet_builder() -> Iterator[_LogWriter]:
-    """Keep the builder's prints, tqdm bars, warnings and INFO logs out of the terminal
-    (they go to the ``edgekit`` debug log; ``--json`` output must stay clean). Importing
-    onnxruntime's MatMulNBits quantizer runs ``logging.basicConfig``: the root handler it
-    adds is removed on the way out. ONNX Runtime's QDQ quantizer warns on the root logger
-    itself (``logging.warning``): a filter on the root logger sends those records to the
-    debug log instead of the CLI's handlers."""
-    root = logging.getLogger()
-    handlers, root_level = list(root.handlers), root.level
-    root_filter = _RootToDebug()
-    root.addFilter(root_filter)
-    noisy = [
-        logging.getLogger(n)
-        for n in ("onnxruntime", "onnxruntime_genai", "onnx_ir", "transformers")
-    ]
-    levels = [n.level for n in noisy]
-    writer = _LogWriter()
-    try:
-        for logger in noisy:
-            logger.setLevel(logging.WARNING)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with contextlib.redirect_stdout(writer), contextlib.redirect_stderr(writer):
-                yield writer
-    finally:
-        root.removeFilter(root_filter)
-        for handler in [h for h in root.handlers if h not in handlers]:
-            root.removeHandler(handler)
-        root.setLevel(root_level)
-        for logger, level in zip(noisy, levels, strict=True):
-            logger.setLevel(level)
-
-
-class _RootToDebug(logging.Filter):
-    """Records logged on the root logger itself go to edgekit's debug log, not out."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        log.debug("%s: %s", record.levelname, record.getMessage())
-        return False
-
-
-class _LogWriter(io.StringIO):
-    """Lines to the debug log, the last few kept for an error's hint."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tail: deque[str] = deque(maxlen=3)
-
-    def write(self, text: str) -> int:
-        for line in text.replace("\r", "\n").splitlines():
-            if line.strip():
-                log.debug("%s", line.rstrip())
-                self.tail.append(line.strip()[:200])
-        return len(text)

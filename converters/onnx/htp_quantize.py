@@ -249,13 +249,13 @@ def quantize_static(
         kind = getattr(QuantType, config.lm_head_weight_type)
         overrides = {name: [{"quant_type": kind}] for name in _lm_head_weights(fp32_static)}
     import onnxruntime as ort
-    from edgekit.converters.onnx.export import _quiet_builder
+    from edgekit.converters.onnx.quiet import quiet_builder
 
     try:
         # the quantizer warns on the root logger, and its calibration sessions through
         # ONNX Runtime's default logger (unused initializers of every graph it opens)
         ort.set_default_logger_severity(3)
-        with _quiet_builder():
+        with quiet_builder():
             qdq = _qdq_config(fp32_static, reader, config, overrides, ids, window)
             quantize(str(fp32_static), str(out), qdq)
     except MemoryError as exc:
