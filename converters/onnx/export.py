@@ -105,6 +105,12 @@ class OnnxResult:
     warnings: tuple[str, ...]
 
 
+def _set_options(*options: tuple[str, object]) -> list[str]:
+    """``key=value`` for each recipe option that is set (a build that cannot express
+    them lists them in its refusal)."""
+    return [f"{what}={value}" for what, value in options if value is not None]
+
+
 def build_options(quant: str | None, recipe: Recipe | None) -> BuildOptions:
     """``quant`` (default INT4) and ``recipe`` as builder switches.
 
@@ -130,16 +136,12 @@ def build_options(quant: str | None, recipe: Recipe | None) -> BuildOptions:
             f"{name} is a CPU build: {', '.join(device)} does not apply",
             hint=f"drop them, or build an HTP variant ({' or '.join(HTP_QUANTS)}) for that SoC",
         )
-    unsupported = [
-        f"{what}={value}"
-        for what, value in (
-            ("embeddings", recipe.embeddings),
-            ("output", recipe.output),
-            ("ratio", recipe.ratio),
-            ("calibration", recipe.calibration),
-        )
-        if value is not None
-    ]
+    unsupported = _set_options(
+        ("embeddings", recipe.embeddings),
+        ("output", recipe.output),
+        ("ratio", recipe.ratio),
+        ("calibration", recipe.calibration),
+    )
     if unsupported:
         raise UnsupportedConversionError(
             f"the onnxruntime-genai builder cannot express {', '.join(unsupported)}",
@@ -178,17 +180,13 @@ def _htp_options(name: str, recipe: Recipe) -> BuildOptions:
         )
     soc = require_soc(recipe.soc)
     part_gib = check_part_gib(recipe.part_gib)
-    unsupported = [
-        f"{what}={value}"
-        for what, value in (
-            ("embeddings", recipe.embeddings),
-            ("output", recipe.output),
-            ("group_size", recipe.group_size),
-            ("ratio", recipe.ratio),
-            ("calibration", recipe.calibration if name == "FP16" else None),
-        )
-        if value is not None
-    ]
+    unsupported = _set_options(
+        ("embeddings", recipe.embeddings),
+        ("output", recipe.output),
+        ("group_size", recipe.group_size),
+        ("ratio", recipe.ratio),
+        ("calibration", recipe.calibration if name == "FP16" else None),
+    )
     if unsupported:
         raise UnsupportedConversionError(
             f"the {name} HTP build cannot express {', '.join(unsupported)}",
