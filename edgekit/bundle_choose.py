@@ -112,7 +112,9 @@ def _candidates(
         reasons = "".join(f"; {name}: {why}" for name, why in elsewhere.items())
         raise NoUsableVariantError(
             f"no variant of {manifest.name} can run here (it has {targets}){reasons}",
-            hint="install the target's extra, or pack a variant for a target this host has",
+            hint="each variant above says why: pack one for this host (or repack a damaged one)"
+            if elsewhere
+            else "install the target's extra, or pack a variant for a target this host has",
         )
     return candidates
 
