@@ -61,6 +61,7 @@ def variant_fit(
     """
     verify_variants(opened.folder, (variant,), checksums=False)
     target = get_target(variant.target)
+    unit = unit_kind(target, device)
     return load_fit(
         inspect_model(opened.variant_path(variant)),
         target,
@@ -68,8 +69,9 @@ def variant_fit(
         context=context or variant.runtime.context,
         kv_cache=variant.runtime.kv_cache,
         available_bytes=available_bytes,
-        unit_kind=unit_kind(target, device),
+        unit_kind=unit,
         calibrate_for=calibrate_for,
+        cap=target.host_memory_cap(unit),
     )
 
 
@@ -204,10 +206,12 @@ def _too_large(
     else:
         suggestion = f"{_smaller_formats(variant)} or a shorter context would be needed"
     need, limit = fit.memory_bytes, fit.limit_bytes
+    whose = f" ({fit.cap_why})" if fit.cap_why else ""
+    raise_it = f"; or {fit.cap_hint}" if fit.cap_hint else ""
     return InsufficientMemoryError(
         f"variant {variant.name} needs {need / GB:.2f} GB (predicted); this host has "
-        f"{limit / GB:.2f} GB available: {(need - limit) / GB:.2f} GB short",
-        hint=f"{suggestion}; force=True (--force) loads it anyway",
+        f"{limit / GB:.2f} GB available{whose}: {(need - limit) / GB:.2f} GB short",
+        hint=f"{suggestion}{raise_it}; force=True (--force) loads it anyway",
     )
 
 

@@ -82,6 +82,16 @@ class KvCacheLayout:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MemoryCap:
+    """A limit a runtime puts on the memory one model may take on a unit, below what the
+    unit has (Metal's working set, of which mlx-lm lets a model use 0.9)."""
+
+    bytes: int  # the most a model's resident memory may be
+    why: str  # whose limit, in words: "mlx-lm's 0.9 of the GPU working set"
+    hint: str  # how to raise it
+
+
+@dataclass(frozen=True, kw_only=True)
 class HostDevice:
     """A compute unit a target's SDK lists on this host beyond the CPU (an Intel GPU or
     NPU as OpenVINO names it): the probe adds it to the host profile."""
@@ -150,6 +160,13 @@ class Target(ABC):
         return ""
 
     @classmethod
+    def memory_cap(cls, kind: str, unit_bytes: int) -> MemoryCap | None:
+        """The runtime's own limit on a unit of ``kind`` that leaves a model
+        ``unit_bytes`` (a profile's figure), when it is below that: the planner holds
+        candidates to it. None: the unit's memory is the limit. Must not import the SDK."""
+        return None
+
+    @classmethod
     def vocab_runtime_bytes(cls, kind: str, spec: ModelSpec) -> int:
         """The part of the runtime buffers that grows with the vocabulary (calibration
         fits the rest)."""
@@ -179,6 +196,13 @@ class Target(ABC):
         Raises:
             Exception: whatever the SDK raises; the probe records it as a failed part.
         """
+        return None
+
+    @classmethod
+    def host_memory_cap(cls, kind: str) -> MemoryCap | None:
+        """The runtime's own limit on a unit of ``kind`` on this host (Metal's recommended
+        working set, as the SDK reports it), or None: load admits a variant by the host's
+        free memory alone. May import the SDK (called by load only)."""
         return None
 
     @classmethod

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from edgekit.converters.planner import calibration
 from edgekit.converters.planner.fitting import fit
 from edgekit.converters.planner.memory import kv_cache_bytes, resident_bytes
-from edgekit.targets.contract import Coefficients, Target
+from edgekit.targets.contract import Coefficients, MemoryCap, Target
 
 from edgekit.devices import GIB
 from edgekit.modelspec import ModelSpec
@@ -29,6 +29,10 @@ class Fit:
     limit_bytes: int
     fits: bool
     why: str  # one line: what it needs against what there is
+    # the target's own limit when it is below the host's free memory ("": none), and how
+    # to raise it
+    cap_why: str = ""
+    cap_hint: str = ""
 
 
 def load_unit(target: type[Target], device: str) -> str:
@@ -106,8 +110,10 @@ def load_fit(
     available_bytes: int,
     unit_kind: str,
     calibrate_for: str | None = None,
+    cap: MemoryCap | None = None,
 ) -> Fit:
-    """Whether the built variant ``spec`` fits ``available_bytes``, by the plan's formula.
+    """Whether the built variant ``spec`` fits ``available_bytes`` (and the target's own
+    ``cap`` on this host, when it is lower), by the plan's formula.
 
     Raises:
         TargetError: the target does not run on a unit of ``unit_kind``.
@@ -122,10 +128,22 @@ def load_fit(
         unit_kind=unit_kind,
         calibrate_for=calibrate_for,
     ).memory_bytes
-    fits = need <= available_bytes
-    verdict = "fits" if fits else f"is {(need - available_bytes) / GIB:.2f} GiB short"
+    capped = cap is not None and cap.bytes < available_bytes
+    limit = cap.bytes if cap is not None and capped else available_bytes
+    fits = need <= limit
+    verdict = "fits" if fits else f"is {(need - limit) / GIB:.2f} GiB short"
+    whose = f" ({cap.why})" if cap is not None and capped else ""
     why = (
         f"{target.name} {quant} needs {need / GIB:.2f} GiB at ctx {context} "
-        f"({unit_kind.upper()}); {available_bytes / GIB:.2f} GiB available: {verdict}"
+        f"({unit_kind.upper()}); {limit / GIB:.2f} GiB available{whose}: {verdict}"
     )
-    return Fit(memory_bytes=need, limit_bytes=available_bytes, fits=fits, why=why)
+    if cap is not None and capped:
+        return Fit(
+            memory_bytes=need,
+            limit_bytes=limit,
+            fits=fits,
+            why=why,
+            cap_why=cap.why,
+            cap_hint=cap.hint,
+        )
+    return Fit(memory_bytes=need, limit_bytes=limit, fits=fits, why=why)

@@ -38,8 +38,21 @@ def expected_quality(target: type[Target], fmt: str) -> tuple[float | None, str]
     return quality.expected_kl(target.name, fmt)
 
 
-def limit_why(profile: DeviceProfile, unit: Unit, budgets: Budgets) -> tuple[int, str]:
-    """The memory a model may use on ``unit`` and the words that say whose limit it is."""
+def limit_why(
+    profile: DeviceProfile, unit: Unit, budgets: Budgets, target: type[Target]
+) -> tuple[int, str, str]:
+    """The memory a model may use on ``unit``, the words that say whose limit it is, and
+    how to raise it ("" when the words say enough): the device's limit, or the target's
+    own below it (``Target.memory_cap``: mlx-lm keeps a model within 0.9 of Metal's
+    working set)."""
+    limit, why = _device_limit(profile, unit, budgets)
+    cap = target.memory_cap(unit.accelerator.kind, limit)
+    if cap is None or cap.bytes >= limit:
+        return limit, why, ""
+    return cap.bytes, f"{why} {limit / GIB:.2f} GiB; {cap.why} is", cap.hint
+
+
+def _device_limit(profile: DeviceProfile, unit: Unit, budgets: Budgets) -> tuple[int, str]:
     limit = unit.memory_bytes
     if budgets.memory_bytes is not None and budgets.memory_bytes < limit:
         return budgets.memory_bytes, "the --memory budget is"
@@ -87,14 +100,14 @@ def candidate(
         kv_type=budgets.kv_cache,
         watts_cap=budgets.watts,
     )
-    limit, why = limit_why(profile, unit, budgets)
+    limit, why, hint = limit_why(profile, unit, budgets, target)
     kl, kl_source = expected_quality(target, fmt)
     up, quality_note = False, ""
     if slot.source is not None:
         judged = from_quantized_source(layout, slot.source, target, kl, kl_source)
         kl, kl_source = judged.kl, judged.source
         up, quality_note = judged.requantizes_up, judged.note
-    reasons = _memory_and_device(f"{target.name} {fmt}", pred, limit, why, unit, budgets)
+    reasons = _memory_and_device(f"{target.name} {fmt}", pred, (limit, why, hint), unit, budgets)
     reasons += _parts(f"{target.name} {fmt}", layout, target, unit)
     reasons += _power(profile, slot.mode, budgets)
     reasons += _speed_and_quality(f"{target.name} {fmt}", pred, kl, kl_source, budgets)
@@ -127,14 +140,19 @@ def candidate(
 
 
 def _memory_and_device(
-    name: str, pred: Prediction, limit: int, why: str, unit: Unit, budgets: Budgets
+    name: str,
+    pred: Prediction,
+    limit_words: tuple[int, str, str],
+    unit: Unit,
+    budgets: Budgets,
 ) -> list[str]:
     reasons = []
     context = budgets.context
+    limit, why, hint = limit_words
     if pred.memory_bytes > limit:
         reasons.append(
             f"{name} needs {pred.memory_bytes / GIB:.2f} GiB at ctx {context}; {why} "
-            f"{limit / GIB:.2f} GiB"
+            f"{limit / GIB:.2f} GiB" + (f" ({hint})" if hint else "")
         )
     acc = unit.accelerator
     if acc.max_prompt_tokens is not None and context > acc.max_prompt_tokens:
