@@ -219,17 +219,18 @@ def test_prediction_only_formats_size_their_schemes_and_borrow_quality() -> None
     from edgekit.converters.tensorrt import FORMAT as TENSORRT
 
     spec = inspect_model(MISTRAL_7B)
-    for fmt in (MLX, TENSORRT):
-        assert not fmt.buildable and fmt.edges() == ()
+    assert not TENSORRT.buildable and TENSORRT.edges() == ()
     # quality by analogy with the closest measured format, and said so
-    assert MLX.quants["4BIT"].expected_kl == GGUF.quants["Q4_0"].expected_kl
     assert TENSORRT.quants["INT4"].expected_kl == OPENVINO.quants["INT4"].expected_kl
-    assert MLX.quants["4BIT"].kl_source == "by analogy with GGUF Q4_0 (no measurement)"
+    # MLX is built now (tests/test_mlx_convert.py): its KL is measured, and said so
+    assert MLX.buildable and [e.output for e in MLX.edges()] == ["mlx"]
+    assert MLX.quants["4BIT"].kl_source.startswith("measured (SmolLM2-135M")
+    assert MLX.quants["4BIT"].expected_kl != GGUF.quants["Q4_0"].expected_kl
     assert MLX.quants["F16"].lossless
-    # MLX keeps its own names, found in any case
+    # MLX's names, found in any case
     mlx = MLX.quant("8BIT")
-    assert mlx is not None and mlx.name == "8bit" and MLX.quant("8bit") is mlx
-    assert MLX.layout(spec, "8BIT").format == "8bit"
+    assert mlx is not None and mlx.name == "8BIT" and MLX.quant("8bit") is mlx
+    assert MLX.layout(spec, "8BIT").format == "8BIT"
 
     def storage(fmt: Format, quant: str, role: str) -> str:
         return next(t.storage for t in fmt.layout(spec, quant).tensors if t.role == role)
