@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgekit.targets import hf_tokens
+from edgekit.targets.hf_tokens import TokenizerFiles
+
 from edgekit.errors import ModelFormatError, ModelNotFoundError
 from edgekit.safe_files import UnsafePathError, open_regular, split_relative
-from edgekit.untrusted import parse_json
 
 GENAI_CONFIG = "genai_config.json"
 CONFIG_BYTES = 4 << 20  # a real genai_config.json is a few KB
-JSON_BYTES = 64 << 20  # tokenizer.json of a 256k vocabulary is about 35 MB
 MAX_VOCAB = 1 << 21  # the bounds edgekit.modelspec puts on every model
 MAX_CONTEXT = 1 << 26
 # An EPContext model wraps QNN context binaries kept beside it (ep.context_embed_mode=0):
@@ -33,16 +34,6 @@ MAX_CONTEXT = 1 << 26
 EP_CONTEXT_SCAN_BYTES = 64 << 20
 PIPELINE = "decoder-pipeline"  # onnxruntime-genai's static-shape pipeline (QNN HTP variants)
 CONVERT_HINT = "convert the model again: edgekit convert MODEL --to onnx -o DIR"
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenizerFiles:
-    """What the Hugging Face tokenizer files say beyond onnxruntime-genai's tokenizer."""
-
-    template: str | None  # the chat template (chat_template.jinja or tokenizer_config)
-    bos: str  # BOS / EOS texts, for the template
-    eos: str
-    specials: tuple[str, ...]  # every special token's text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,30 +206,17 @@ def _bad(what: str) -> ModelFormatError:
     return ModelFormatError(f"{GENAI_CONFIG}: {what}", hint=CONVERT_HINT)
 
 
+KIND = "an ONNX Runtime GenAI folder"
+
+
 def _read_bytes(folder: Path, name: str, max_bytes: int) -> bytes:
     """Up to ``max_bytes`` + 1 bytes of the regular file ``folder/name`` (no link)."""
-    try:
-        fd = open_regular(folder, name)
-    except UnsafePathError as exc:
-        raise ModelFormatError(
-            f"{folder}: {exc.message}, so this is not an ONNX Runtime GenAI folder",
-            hint=CONVERT_HINT,
-        ) from exc
-    with open(fd, "rb") as f:
-        return f.read(max_bytes + 1)
+    return hf_tokens.read_bytes(folder, name, max_bytes, kind=KIND, hint=CONVERT_HINT)
 
 
 def _read_json(folder: Path, name: str, max_bytes: int, *, depth: bool = True) -> Any:
     """The JSON document ``folder/name``, read from a regular file inside the folder."""
-    data = _read_bytes(folder, name, max_bytes)
-    return parse_json(
-        data,
-        where=str(folder / name),
-        max_bytes=max_bytes,
-        max_depth=None if not depth else 32,
-        error=ModelFormatError,
-        hint=CONVERT_HINT,
-    )
+    return hf_tokens.read_json(folder, name, max_bytes, kind=KIND, hint=CONVERT_HINT, depth=depth)
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
@@ -322,43 +300,10 @@ def _is_ep_context(folder: Path, name: str) -> bool:
 
 
 def read_tokenizer_files(folder: Path) -> TokenizerFiles:
-    """The chat template, BOS/EOS texts and special tokens.
+    """The chat template, BOS/EOS texts and special tokens (targets/hf_tokens.py).
 
     Raises:
-        ModelFormatError: tokenizer.json is missing or malformed (onnxruntime-genai's
+        ModelFormatError: tokenizer.json is missing or malformed (the session's
             tokenizer needs it).
     """
-    tokenizer = _object_or_empty(_read_json(folder, "tokenizer.json", JSON_BYTES, depth=False))
-    tok_config: dict[str, Any] = {}
-    if (folder / "tokenizer_config.json").is_file():
-        tok_config = _object_or_empty(_read_json(folder, "tokenizer_config.json", JSON_BYTES))
-    template: Any = tok_config.get("chat_template")
-    if (folder / "chat_template.jinja").is_file():
-        data = _read_bytes(folder, "chat_template.jinja", JSON_BYTES)
-        template = data[:JSON_BYTES].decode("utf-8", errors="replace")
-    added = tokenizer.get("added_tokens")
-    tokens: list[Any] = list(added) if isinstance(added, list) else []
-    decoder = tok_config.get("added_tokens_decoder")
-    tokens += list(decoder.values()) if isinstance(decoder, dict) else []
-    specials = {
-        t["content"]
-        for t in tokens
-        if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str)
-    }
-    bos, eos = _token_text(tok_config.get("bos_token")), _token_text(tok_config.get("eos_token"))
-    return TokenizerFiles(
-        template=template if isinstance(template, str) else None,
-        bos=bos,
-        eos=eos,
-        specials=tuple(sorted(t for t in specials | {bos, eos} if t)),
-    )
-
-
-def _object_or_empty(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _token_text(value: Any) -> str:
-    if isinstance(value, dict):  # older tokenizer configs store AddedToken dicts
-        value = value.get("content")
-    return value if isinstance(value, str) else ""
+    return hf_tokens.read_tokenizer_files(folder, kind=KIND, hint=CONVERT_HINT)

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 from edgekit.targets import checks
+from edgekit.targets.hf_tokens import TextStream, bos_added, open_tokenizer
 from edgekit.targets.onnx_folder import GenaiFolder
 from edgekit.targets.runtime_calls import backend_errors
 from edgekit.targets.session import Session
-from edgekit.targets.streams import StopMatcher
 from edgekit.targets.templates import NO_TEMPLATE_HINT, render_chat_template
 from edgekit.targets.values import Sampling, SessionInfo, StreamChunk
 
@@ -113,7 +113,7 @@ class GenaiSession(Session):
                 options = {"intra_op_num_threads": n_threads}
                 config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
             self._model = og.Model(config)
-            self._tokenizer = _tokenizer(Tokenizer, folder)
+            self._tokenizer = open_tokenizer(Tokenizer, folder.path)
             # on the CPU a one-token run checks the graph; a static-shape NPU pipeline
             # runs only the shapes it was compiled for
             kv = "unknown" if provider.keep_config else self._warm_up()
@@ -225,7 +225,7 @@ class GenaiSession(Session):
         return options
 
     def _tokens(self, generator: Any, sampling: Sampling, budget: int) -> Iterator[StreamChunk]:
-        text = _Text(self._tokenizer, sampling.stop)
+        text = TextStream(self._tokenizer, sampling.stop)
         cancel = self._cancel  # this generation's token
         eos = set(self._folder.eos_ids)
         min_p = sampling.min_p if sampling.temperature > 0 else 0.0
@@ -271,9 +271,7 @@ class GenaiSession(Session):
 
     def _adds(self, token: str) -> bool:
         """Whether tokenization with special tokens puts ``token`` first (BOS)."""
-        ids = self._tokenizer.encode("a", add_special_tokens=True).ids
-        plain = self._tokenizer.encode("a", add_special_tokens=False).ids
-        return len(ids) > len(plain) and self._tokenizer.id_to_token(ids[0]) == token
+        return bos_added(self._tokenizer, token)
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits of every position (see the module text for how)."""
@@ -345,42 +343,3 @@ def _min_p_logits(logits: np.ndarray, min_p: float) -> np.ndarray:
     # the lowest finite float, not -inf: no inf - inf in the sampler's softmax
     lowest = np.finfo(np.float32).min
     return np.where(logits >= floor, logits, lowest).astype(np.float32)
-
-
-def _tokenizer(cls: Any, folder: GenaiFolder) -> Any:
-    """The Hugging Face tokenizer of the folder's tokenizer.json, as transformers runs
-    it: no truncation or padding (a tokenizer.json may carry either)."""
-    tokenizer = cls.from_file(str(folder.path / "tokenizer.json"))
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return tokenizer
-
-
-class _Text:
-    """A generation's text: ``tokenizers``' DecodeStream, which holds back the bytes of a
-    character not yet complete, cut by the stop strings; at the end, what it still holds
-    comes out as ``detokenize`` gives it (replacement characters included), so a stream
-    always reads as the detokenized tokens."""
-
-    def __init__(self, tokenizer: Any, stop: Sequence[str]) -> None:
-        from tokenizers.decoders import DecodeStream
-
-        self._tokenizer = tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
-        self._stops = StopMatcher(stop)
-        self._ids: list[int] = []
-        self._decoded: list[str] = []
-
-    def feed(self, token: int) -> tuple[str, bool]:
-        self._ids.append(token)
-        piece = self._stream.step(self._tokenizer, token) or ""
-        self._decoded.append(piece)
-        return self._stops.feed(piece)
-
-    def end(self) -> str:
-        """What is left: the stream's held-back tail, then the stop matcher's."""
-        shown = "".join(self._decoded)
-        whole = str(self._tokenizer.decode(self._ids, skip_special_tokens=True))
-        tail = whole[len(shown) :] if whole.startswith(shown) else ""
-        text, stopped = self._stops.feed(tail)
-        return text if stopped else text + self._stops.flush()

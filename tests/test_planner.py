@@ -162,6 +162,24 @@ def test_an_htp_candidate_carries_the_soc_it_is_compiled_for(tmp_path: Path) -> 
     assert npu and all(not c.buildable and "names no SoC" in c.build_note for c in npu)
 
 
+def test_mlx_is_held_to_its_share_of_the_working_set(specs: dict[str, ModelSpec]) -> None:
+    """On the M3 Max (48 GiB working set) a 70B at ctx 32768 in MLX 4BIT needs about
+    47 GiB: under the working set, over mlx-lm's 0.9 of it. MLX is held to 43.2 GiB and
+    says how to raise it; llama.cpp on the same GPU to the whole 48 GiB."""
+    from edgekit.targets.mlx import MlxTarget
+
+    p = plan(specs["70b"], load_profile("macbook-pro-m3-max"), Budgets(context=32768))
+    by = {(c.target, c.format): c for c in p.candidates}
+    mlx = by[(MlxTarget.name, "4BIT")]
+    assert mlx.memory_limit_bytes == int(0.9 * 48 * GIB)
+    assert 0.9 * 48 * GIB < mlx.prediction.memory_bytes < 48 * GIB, mlx.prediction
+    assert not mlx.fits
+    (memory,) = [r for r in mlx.rejections if "needs" in r]
+    assert "mlx-lm's 0.9 of the GPU working set is 43.20 GiB" in memory, memory
+    assert "iogpu.wired_limit_mb" in memory, memory
+    assert by[("llamacpp", "Q4_K_M")].memory_limit_bytes == 48 * GIB
+
+
 def test_nothing_fits_says_the_smallest_option_and_the_shortfall(
     specs: dict[str, ModelSpec],
 ) -> None:
