@@ -172,8 +172,9 @@ def _kl(reference: Any, other: Any) -> dict[str, float]:
     }
 
 
-def quality(hf: Path) -> dict[str, Any]:
-    """Each quant's KL against the F32 variant (and AWQ 4BIT), the default model."""
+def quality(hf: Path, only: set[str] | None = None) -> dict[str, Any]:
+    """Each quant's KL against the F32 variant (and 4BIT at group 32, with an 8-bit
+    embedding, with AWQ), the default model; ``only``: those labels."""
     from edgekit.converters.convert import convert_model
     from tokenizers import Tokenizer
 
@@ -189,8 +190,12 @@ def quality(hf: Path) -> dict[str, Any]:
         convert_model(hf, "mlx", root / "F32", quant="F32")
         reference = _logits(root / "F32", ids)
         builds = [(q, q, None) for q in KL_QUANTS]
+        builds.append(("4BIT_G32", "4BIT", "group_size=32"))
+        builds.append(("4BIT_E8", "4BIT", "embeddings=8BIT"))
         builds.append(("4BIT_AWQ", "4BIT", f"calibration={calibration}"))
         for label, quant, recipe in builds:
+            if only and label not in only:
+                continue
             t0 = time.perf_counter()
             convert_model(hf, "mlx", root / label, quant=quant, recipe=recipe)
             seconds = round(time.perf_counter() - t0, 1)
@@ -230,6 +235,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--kl", action="store_true", help="measure each quant's KL instead")
     parser.add_argument("--awq", default="", help="AWQ SAMPLESxLENGTH,GRID (default: edgekit's)")
+    parser.add_argument("--only", default="", help="with --kl: these labels (4BIT,4BIT_G32,...)")
     args = parser.parse_args()
     if args.awq:  # a smaller calibration, for a slow host (the JSON records it)
         from edgekit.converters.mlx import awq
@@ -241,7 +247,7 @@ def main() -> None:
     if args.kl:
         from edgekit.converters.mlx import awq
 
-        measured = quality(hf)
+        measured = quality(hf, {s for s in args.only.split(",") if s} or None)
         measured["awq_calibration"] = {
             "samples": awq.SAMPLES,
             "length": awq.LENGTH,

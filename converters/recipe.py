@@ -70,3 +70,9 @@ class Recipe:
                 hint=f"use one of {', '.join(KV_CACHE_TYPES)}",
             )
         return replace(recipe, kv_cache=recipe.kv_cache.lower())
+
+
+def set_options(*options: tuple[str, object]) -> list[str]:
+    """``key=value`` for each recipe option that is set (a build that cannot express
+    them lists them in its refusal)."""
+    return [f"{what}={value}" for what, value in options if value is not None]

@@ -207,11 +207,13 @@ def _too_large(
         suggestion = f"{_smaller_formats(variant)} or a shorter context would be needed"
     need, limit = fit.memory_bytes, fit.limit_bytes
     whose = f" ({fit.cap_why})" if fit.cap_why else ""
-    raise_it = f"; or {fit.cap_hint}" if fit.cap_hint else ""
+    # the target holds a load to its own cap too (a Mac's working set: past it the GPU
+    # swaps or faults), so force does not get past it: raising the cap does
+    then = f"; or {fit.cap_hint}" if fit.cap_hint else "; force=True (--force) loads it anyway"
     return InsufficientMemoryError(
         f"variant {variant.name} needs {need / GB:.2f} GB (predicted); this host has "
         f"{limit / GB:.2f} GB available{whose}: {(need - limit) / GB:.2f} GB short",
-        hint=f"{suggestion}{raise_it}; force=True (--force) loads it anyway",
+        hint=f"{suggestion}{then}",
     )
 
 

@@ -32,6 +32,7 @@ from edgekit.errors import ModelError, ModelFormatError, ModelNotFoundError, Uns
 from edgekit.ggml_types import LLAMA_FILE_TYPES
 from edgekit.gguf_header import GGUF_MAGIC, GGUFHeader, read_gguf_header
 from edgekit.modelspec import ModelSpec, TensorInfo, check_structure, shown
+from edgekit.packed_weights import logical_parameters, packed_columns, packing_from_config
 from edgekit.safetensors_header import (
     model_file,
     read_folder_tensors,
@@ -177,8 +178,24 @@ def _inspect_folder(p: Path) -> ModelSpec:
     tensors = read_folder_tensors(p)
     tc = text_config(config)
     quantized = "quantization_config" in config or "quantization_config" in tc
-    check_hf_tensors(family, dims, tensors, where=str(p), quantized=quantized)
-    parameters = _count_parameters(tensors, dims.tied_embeddings, lm_head="lm_head.weight")
+    # mlx-lm's group-wise packing: the embedding is stored in fewer columns, and the
+    # parameters are counted from the logical shapes
+    packing = packing_from_config(config, where)
+    check_hf_tensors(
+        family,
+        dims,
+        tensors,
+        where=str(p),
+        quantized=quantized or packing is not None,
+        embedding_columns=None
+        if packing is None
+        else packed_columns(dims.hidden_size, packing.of(_embedding_module(tensors))),
+    )
+    if packing is None:
+        parameters = _count_parameters(tensors, dims.tied_embeddings, lm_head="lm_head.weight")
+    else:
+        skip = "lm_head.weight" if dims.tied_embeddings else ""
+        parameters = logical_parameters(tensors, packing, skip=skip)
     by_bytes: Counter[str] = Counter()
     for t in tensors:
         by_bytes[t.dtype] += t.nbytes
@@ -314,6 +331,12 @@ def _per_layer_kv(
                 f"{where}: {key} holds {shown(c)}, not a plausible KV head count", hint=GGUF_HINT
             )
     return max(counts), len(set(counts)) == 1
+
+
+def _embedding_module(tensors: tuple[TensorInfo, ...]) -> str:
+    """The token embedding's module name (its weight's name without ``.weight``)."""
+    found = [t.name for t in tensors if t.name.endswith("embed_tokens.weight")]
+    return found[0][: -len(".weight")] if found else "model.embed_tokens"
 
 
 def _count_parameters(tensors: tuple[TensorInfo, ...], tied: bool, *, lm_head: str) -> int:

@@ -116,12 +116,15 @@ def check_hf_tensors(
     *,
     where: str,
     quantized: bool = False,
+    embedding_columns: int | None = None,
 ) -> None:
     """The tensors of a Hugging Face checkpoint must match its config: one embedding,
     layers 0..num_hidden_layers-1 and no others, every tensor of the family's layout
     with the shape the config implies (a pre-quantized checkpoint stores its projections
     in other tensors: only its layers and embedding are checked). Tensors outside the
     language model's layers (a vision tower, an adapter) are left to the converters.
+    ``embedding_columns``: the columns a packed embedding is stored in (mlx-lm's
+    group-wise packing: hidden x bits / 32), checked instead of the hidden size.
 
     Raises:
         ModelFormatError: a duplicate, a missing or extra layer, a missing tensor, or a
@@ -143,7 +146,8 @@ def check_hf_tensors(
     )
     embedding = prefix + "embed_tokens.weight"
     if quantized:
-        _check_shapes(tensors, {embedding: (dims.vocab_size, dims.hidden_size)}, where, hint)
+        columns = dims.hidden_size if embedding_columns is None else embedding_columns
+        _check_shapes(tensors, {embedding: (dims.vocab_size, columns)}, where, hint)
         return
     expected = {
         (prefix + n[len("model.") :] if n.startswith("model.") else n): s

@@ -160,9 +160,9 @@ class Target(ABC):
         return ""
 
     @classmethod
-    def memory_cap(cls, kind: str, unit_bytes: int) -> MemoryCap | None:
-        """The runtime's own limit on a unit of ``kind`` that leaves a model
-        ``unit_bytes`` (a profile's figure), when it is below that: the planner holds
+    def memory_cap(cls, profile: DeviceProfile, kind: str, unit_bytes: int) -> MemoryCap | None:
+        """The runtime's own limit on a unit of ``kind`` of ``profile`` that leaves a model
+        ``unit_bytes`` (the profile's figure), when it is below that: the planner holds
         candidates to it. None: the unit's memory is the limit. Must not import the SDK."""
         return None
 

@@ -92,7 +92,8 @@ class MlxTarget(Target):
     units: ClassVar[tuple[UnitSupport, ...]] = (
         UnitSupport(
             kind="gpu",
-            formats=("F16", "8BIT", "4BIT"),
+            # most precise first (KL measured on SmolLM2: converters/mlx/format.py)
+            formats=("F16", "8BIT", "6BIT", "MIXED_4_6", "4BIT", "MIXED_3_6"),
             priors=Coefficients(
                 bandwidth_efficiency=0.65,
                 token_overhead_s=0.001,
@@ -128,9 +129,11 @@ class MlxTarget(Target):
         return found
 
     @classmethod
-    def memory_cap(cls, kind: str, unit_bytes: int) -> MemoryCap | None:
-        """On a GPU, mlx-lm's 0.9 of the working set (a profile's GPU memory)."""
-        if kind != "gpu":
+    def memory_cap(cls, profile: DeviceProfile, kind: str, unit_bytes: int) -> MemoryCap | None:
+        """On a Mac's GPU, mlx-lm's 0.9 of the working set (the profile's GPU memory).
+        Not on iOS: there the limit is the app's (the profile's figure already), and an
+        app runs mlx-swift, not mlx-lm."""
+        if kind != "gpu" or profile.os != "macos":
             return None
         return MemoryCap(bytes=int(WORKING_SET_SHARE * unit_bytes), why=CAP_WHY, hint=CAP_HINT)
 

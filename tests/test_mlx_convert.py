@@ -446,10 +446,25 @@ def test_float_quants_warn_about_unused_options(builds: Builds, tmp_path: Path) 
     assert {e["dtype"] for e in headers.values()} == {"F16"}
 
 
-def test_kv_cache_is_recorded(builds: Builds) -> None:
-    out = builds.mlx("llama", "4BIT", "kv_cache=q8_0")
+def test_kv_cache_is_recorded(builds: Builds, tmp_path: Path) -> None:
+    # mlx-lm quantizes the KV cache in groups of 64 values of a head: 64-wide heads
+    wide = build_tiny_model("llama", tmp_path / "wide-hf", hidden=256)
+    out = tmp_path / "wide-mlx"
+    convert.convert_model(wide, "mlx", out, quant="4BIT", recipe="kv_cache=q8_0")
     settings = json.loads((out / SETTINGS_FILE).read_text())
     assert (settings["kv_cache"], settings["kv_bits"], settings["kv_group_size"]) == ("q8_0", 8, 64)
+
+
+def test_a_kv_cache_the_target_cannot_quantize_is_refused(builds: Builds, tmp_path: Path) -> None:
+    """The tiny Llama's heads are 16 wide: a bundle recording kv_cache=q8_0 would not
+    load with its own settings, so the build refuses it before writing."""
+    out = tmp_path / "v"
+    with pytest.raises(UnsupportedConversionError, match="groups of 64") as info:
+        convert.convert_model(
+            builds.source("llama"), "mlx", out, quant="4BIT", recipe="kv_cache=q8_0"
+        )
+    assert "kv_cache=f16" in info.value.hint
+    assert not out.exists()
 
 
 # --- AWQ, GGUF sources, mlx-lm's own CLI, a quiet terminal --------------------------------------

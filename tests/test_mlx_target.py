@@ -411,10 +411,15 @@ def mac(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_memory_caps() -> None:
     from edgekit.targets.mlx import MlxTarget
 
-    cap = MlxTarget.memory_cap("gpu", 64 << 30)
+    from edgekit.devices import load_profile
+
+    mac, iphone = load_profile("macbook-pro-m3-max"), load_profile("iphone-16-pro")
+    cap = MlxTarget.memory_cap(mac, "gpu", 64 << 30)
     assert cap is not None and cap.bytes == int(0.9 * (64 << 30))
     assert "iogpu.wired_limit_mb" in cap.hint
-    assert MlxTarget.memory_cap("cpu", 64 << 30) is None
+    assert MlxTarget.memory_cap(mac, "cpu", 64 << 30) is None
+    # iOS: the app's own limit, which the profile's figure already is (no mlx-lm there)
+    assert MlxTarget.memory_cap(iphone, "gpu", 5 << 30) is None
     assert MlxTarget.host_memory_cap("gpu") is None  # Linux: no Metal
 
 

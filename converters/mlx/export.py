@@ -24,7 +24,7 @@ from edgekit.converters.mlx.awq import quantizable_module
 from edgekit.converters.mlx.config import mlx_config_changes
 from edgekit.converters.mlx.layout import module_bits
 from edgekit.converters.mlx.plan import KV_GROUP, MlxBuild
-from edgekit.converters.onnx.quiet import quiet_tools
+from edgekit.converters.quiet import quiet_tools
 
 from edgekit.atomic import atomic_path, check_destination
 from edgekit.errors import ConversionError, EdgekitError, UnsupportedConversionError

@@ -23,8 +23,7 @@ from edgekit.converters.mlx.layout import (
     eight_bit_layers,
     float_dtype,
 )
-from edgekit.converters.onnx.export import _set_options as set_options
-from edgekit.converters.recipe import Recipe
+from edgekit.converters.recipe import Recipe, set_options
 
 from edgekit.errors import UnsupportedConversionError
 from edgekit.modelspec import ModelSpec
@@ -68,13 +67,30 @@ def _check_device_options(name: str, recipe: Recipe) -> None:
         )
 
 
-def _kv_bits(recipe: Recipe) -> int | None:
+def _kv_bits(recipe: Recipe, spec: ModelSpec) -> int | None:
     if recipe.kv_cache not in KV_BITS:
         raise UnsupportedConversionError(
             f"KV-cache type {recipe.kv_cache!r} has no mlx-lm equivalent",
             hint="use f16 (unquantized), q8_0 or q4_0 (mlx-lm's quantized KV cache)",
         )
-    return KV_BITS[recipe.kv_cache]
+    bits = KV_BITS[recipe.kv_cache]
+    # the target refuses such a cache at load (targets/mlx_runtime.py): a bundle that
+    # records one would not open with its own settings
+    if bits is not None and spec.head_dim % KV_GROUP:
+        raise UnsupportedConversionError(
+            f"kv_cache={recipe.kv_cache}: mlx-lm quantizes the KV cache in groups of "
+            f"{KV_GROUP} values of a head, and this model's heads have {spec.head_dim}",
+            hint="use kv_cache=f16",
+        )
+    # of the families edgekit builds, mlx-lm gives only Gemma 3's windowed layers a
+    # rotating cache (its Mistral ignores the window)
+    if bits is not None and spec.family == "gemma3":
+        raise UnsupportedConversionError(
+            f"kv_cache={recipe.kv_cache}: mlx-lm 0.31 cannot quantize the rotating cache "
+            "of Gemma 3's sliding-window layers",
+            hint="use kv_cache=f16",
+        )
+    return bits
 
 
 def _check_calibration(name: str, recipe: Recipe, spec: ModelSpec, plan: BitPlan) -> None:
@@ -158,7 +174,7 @@ def mlx_build(quant: str | None, recipe: Recipe | None, spec: ModelSpec) -> MlxB
         plan=plan,
         dtype=float_dtype(name, spec.dtype),
         kv_cache=recipe.kv_cache,
-        kv_bits=_kv_bits(recipe),
+        kv_bits=_kv_bits(recipe, spec),
         calibration=recipe.calibration,
         warnings=tuple(warnings),
     )

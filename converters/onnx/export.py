@@ -37,9 +37,9 @@ from typing import Any
 
 from edgekit.converters.edge_checks import Tool, check_hf_tokenizer, require
 from edgekit.converters.onnx.layout import DEFAULT_BLOCK, check_block_size
-from edgekit.converters.onnx.quiet import quiet_builder
 from edgekit.converters.onnx.socs import Soc, require_soc
-from edgekit.converters.recipe import Recipe
+from edgekit.converters.quiet import quiet_builder
+from edgekit.converters.recipe import Recipe, set_options
 
 from edgekit.atomic import atomic_path, check_destination, work_dir, write_new
 from edgekit.errors import ConversionError, EdgekitError, UnsupportedConversionError
@@ -105,12 +105,6 @@ class OnnxResult:
     warnings: tuple[str, ...]
 
 
-def _set_options(*options: tuple[str, object]) -> list[str]:
-    """``key=value`` for each recipe option that is set (a build that cannot express
-    them lists them in its refusal)."""
-    return [f"{what}={value}" for what, value in options if value is not None]
-
-
 def build_options(quant: str | None, recipe: Recipe | None) -> BuildOptions:
     """``quant`` (default INT4) and ``recipe`` as builder switches.
 
@@ -136,7 +130,7 @@ def build_options(quant: str | None, recipe: Recipe | None) -> BuildOptions:
             f"{name} is a CPU build: {', '.join(device)} does not apply",
             hint=f"drop them, or build an HTP variant ({' or '.join(HTP_QUANTS)}) for that SoC",
         )
-    unsupported = _set_options(
+    unsupported = set_options(
         ("embeddings", recipe.embeddings),
         ("output", recipe.output),
         ("ratio", recipe.ratio),
@@ -180,7 +174,7 @@ def _htp_options(name: str, recipe: Recipe) -> BuildOptions:
         )
     soc = require_soc(recipe.soc)
     part_gib = check_part_gib(recipe.part_gib)
-    unsupported = _set_options(
+    unsupported = set_options(
         ("embeddings", recipe.embeddings),
         ("output", recipe.output),
         ("group_size", recipe.group_size),

@@ -249,7 +249,7 @@ def quantize_static(
         kind = getattr(QuantType, config.lm_head_weight_type)
         overrides = {name: [{"quant_type": kind}] for name in _lm_head_weights(fp32_static)}
     import onnxruntime as ort
-    from edgekit.converters.onnx.quiet import quiet_builder
+    from edgekit.converters.quiet import quiet_builder
 
     try:
         # the quantizer warns on the root logger, and its calibration sessions through

@@ -46,7 +46,7 @@ def limit_why(
     own below it (``Target.memory_cap``: mlx-lm keeps a model within 0.9 of Metal's
     working set)."""
     limit, why = _device_limit(profile, unit, budgets)
-    cap = target.memory_cap(unit.accelerator.kind, limit)
+    cap = target.memory_cap(profile, unit.accelerator.kind, limit)
     if cap is None or cap.bytes >= limit:
         return limit, why, ""
     return cap.bytes, f"{why} {limit / GIB:.2f} GiB; {cap.why} is", cap.hint
