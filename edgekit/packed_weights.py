@@ -22,7 +22,7 @@ from edgekit.modelspec import TensorInfo
 WORD_BITS = 32
 BITS = frozenset({2, 3, 4, 5, 6, 8})  # what mlx's affine quantization packs
 GROUPS = frozenset({32, 64, 128})
-_HINT = "config.json's quantization block is not one mlx-lm writes: re-convert the model"
+_HINT = "the quantization block is not a group-wise packing edgekit reads: re-convert the model"
 
 Scheme = tuple[int, int]  # (bits, group_size)
 
