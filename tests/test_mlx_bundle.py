@@ -105,3 +105,21 @@ def test_load_holds_a_variant_to_the_targets_cap_on_this_host(
     monkeypatch.setattr(MlxTarget, "host_memory_cap", classmethod(lambda cls, kind: None))
     with edgekit.load(bundle_4bit) as session:
         assert session.info.target == MlxTarget.name
+
+
+def test_the_recipes_kv_cache_reaches_generation(tmp_path: Path) -> None:
+    """pack records the recipe's kv_cache as the variant's runtime setting; load passes it
+    to the session, which runs mlx-lm's quantized cache (8 bits, group 64)."""
+    from edgekit.targets.mlx import MlxTarget
+
+    import edgekit
+    from edgekit.bundle import VariantRequest, pack
+    from tests.tiny_models import build_tiny_model
+
+    wide = build_tiny_model("llama", tmp_path / "hf", hidden=256)  # 64-wide heads
+    request = VariantRequest(target=MlxTarget.name, quant="8BIT", recipe="kv_cache=q8_0")
+    (variant,) = pack(wide, tmp_path / "b", [request]).manifest.variants
+    assert variant.runtime.kv_cache == "q8_0"
+    with edgekit.load(tmp_path / "b") as session:
+        assert (session.info.kv_cache, session.info.settings["kv_bits"]) == ("q8_0", 8)
+        assert session.generate("hello", max_tokens=3, temperature=0).completion_tokens == 3

@@ -25,13 +25,22 @@ from tests.conftest import require
 if TYPE_CHECKING:
     from edgekit.converters.convert import ConvertResult
 
+# A question whose coherent answer names what it asks for (greedy, chat template). The
+# 4BIT group-32 build answers "Bees make a variety of delicious and tasty products that are
+# essential for their survival. ... they also produce a variety of honey, a type of
+# honeycomb, and" (measured here, 48 tokens); the group-64 build loops.
 QUESTION = "What do bees make?"
 EXPECTED_WORD = "honey"
 ANSWER_TOKENS = 48
 MAX_TRIGRAM_REPEATS = 2
 MIN_DISTINCT_WORDS = 0.5
 
-EVAL_CTX, EVAL_CHUNKS = 256, 2
+# edgekit eval (2 windows of 128 tokens: MLX's CPU build scores ~5 tokens/s here), against
+# the fp32 Hugging Face source through transformers. Measured here: mean KL 0.334
+# nats/token, top-1 agreement 0.633, perplexity 25.7 against the source's 19.0. The
+# bounds leave ~1.8x on KL and 0.13 on agreement; what they exclude: weights that are not
+# the model's (KL of several nats, agreement near 0) or a broken quantizer.
+EVAL_CTX, EVAL_CHUNKS = 128, 2
 MAX_KL, MIN_AGREEMENT, MAX_PERPLEXITY_RATIO = 0.6, 0.5, 2.0
 
 
