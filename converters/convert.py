@@ -25,7 +25,7 @@ from edgekit.converters.formats import ConvertRequest, Edge
 from edgekit.converters.recipe import Recipe
 from edgekit.targets.registry import get_format
 
-from edgekit.atomic import check_destination, work_dir
+from edgekit.atomic import check_apart, check_destination, work_dir
 from edgekit.errors import UnsupportedConversionError
 from edgekit.inspection import inspect_model
 from edgekit.modelspec import ModelSpec
@@ -75,6 +75,7 @@ def convert_model(
     """
     src, out = Path(src), Path(out)
     check_destination(out, force=force)
+    check_apart(src, out)
     spec = inspect_model(src)
     route = _route(spec, src, to)
     name = output_quant(to, quant)

@@ -80,6 +80,25 @@ def check_destination(dest: Path, *, force: bool) -> None:
         )
 
 
+def check_apart(src: Path, dest: Path) -> None:
+    """Fail early when writing ``dest`` would destroy ``src``, the model it is made from:
+    ``dest`` is ``src``, holds it (a folder above it: replacing it with --force removes
+    the source with it), or lies inside it (the source changes under the conversion).
+    Paths are compared resolved, so a link or ``..`` does not hide it.
+
+    Raises:
+        WriteError: the two overlap.
+    """
+    s, d = Path(os.path.realpath(src)), Path(os.path.realpath(dest))
+    if s == d or d in s.parents or s in d.parents:
+        where = "is" if s == d else "holds" if d in s.parents else "is inside"
+        raise WriteError(
+            f"the output {dest} {where} the model it is made from ({src}): writing it "
+            "would destroy the source",
+            hint="write the output somewhere outside the source model",
+        )
+
+
 # --- hidden siblings: names, owners, stale ones ------------------------------------------
 
 

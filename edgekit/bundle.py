@@ -27,7 +27,7 @@ from pathlib import Path
 
 from edgekit import __version__
 from edgekit.archive import list_members, write_archive
-from edgekit.atomic import atomic_path, check_destination, work_dir, write_new
+from edgekit.atomic import atomic_path, check_apart, check_destination, work_dir, write_new
 from edgekit.bundle_contents import backend_versions, file_entries, source_checksum, tokenizer_info
 from edgekit.bundle_open import verify_bundle
 from edgekit.bundle_quality import QualityGate, check_evaluable
@@ -240,6 +240,7 @@ def pack(
             )
     model, out = Path(model), Path(out)
     check_destination(out, force=force)
+    check_apart(model, out)
     spec = inspect_model(model)
     bundle_name = name or out.name.removesuffix(".tar")
     planned = validate_pack(

@@ -32,7 +32,12 @@ from edgekit.errors import ModelError, ModelFormatError, ModelNotFoundError, Uns
 from edgekit.ggml_types import LLAMA_FILE_TYPES
 from edgekit.gguf_header import GGUF_MAGIC, GGUFHeader, read_gguf_header
 from edgekit.modelspec import ModelSpec, TensorInfo, check_structure, shown
-from edgekit.packed_weights import logical_parameters, packed_columns, packing_from_config
+from edgekit.packed_weights import (
+    check_packed,
+    logical_parameters,
+    packed_columns,
+    packing_from_config,
+)
 from edgekit.safetensors_header import (
     model_file,
     read_folder_tensors,
@@ -194,6 +199,7 @@ def _inspect_folder(p: Path) -> ModelSpec:
     if packing is None:
         parameters = _count_parameters(tensors, dims.tied_embeddings, lm_head="lm_head.weight")
     else:
+        check_packed(tensors, packing, where)
         skip = "lm_head.weight" if dims.tied_embeddings else ""
         parameters = logical_parameters(tensors, packing, skip=skip)
     by_bytes: Counter[str] = Counter()

@@ -80,6 +80,54 @@ def _scheme(block: Mapping[str, Any], where: str) -> Scheme:
     return bits, group
 
 
+def check_packed(tensors: tuple[TensorInfo, ...], packing: Packing, where: str) -> None:
+    """Every packed weight (one with ``scales`` beside it) must be what its module's
+    scheme makes of it: uint32 words, ``in x bits / 32`` columns, and ``in / group`` scale
+    and bias columns of the same rows; every module the block names must be in the files.
+
+    Raises:
+        ModelFormatError: a module the block does not quantize holds packed words, or the
+            shapes disagree with its bits and group, or the block names a missing module.
+    """
+    by_name = {t.name: t for t in tensors}
+    modules = {n.rpartition(".")[0] for n in by_name}
+    for name in packing.modules:
+        if name not in modules:
+            raise ModelFormatError(
+                f"{where}: the quantization block names {name[:90]!r}, which the weights "
+                "do not hold",
+                hint=_HINT,
+            )
+    for t in tensors:
+        base, _, leaf = t.name.rpartition(".")
+        scales = by_name.get(f"{base}.scales")
+        if leaf != "weight" or scales is None:
+            continue
+        scheme = packing.of(base)
+        biases = by_name.get(f"{base}.biases")
+        if scheme is None or not _fits(t, scales, biases, scheme):
+            what = (
+                "is not quantized" if scheme is None else f"has {scheme[0]} bits, group {scheme[1]}"
+            )
+            raise ModelFormatError(
+                f"{where}: {base[:90]} {what} by the quantization block, but its weight is "
+                f"stored as {t.dtype} {list(t.shape)} with scales {list(scales.shape)}",
+                hint=_HINT,
+            )
+
+
+def _fits(
+    weight: TensorInfo, scales: TensorInfo, biases: TensorInfo | None, scheme: Scheme
+) -> bool:
+    bits, group = scheme
+    if weight.dtype != "U32" or not weight.shape or len(weight.shape) != len(scales.shape):
+        return False
+    if biases is None or biases.shape != scales.shape:
+        return False
+    words, columns = weight.shape[-1], scales.shape[-1]
+    return weight.shape[:-1] == scales.shape[:-1] and words * WORD_BITS == columns * group * bits
+
+
 def packed_columns(columns: int, scheme: Scheme | None) -> int:
     """How many columns a weight of ``columns`` inputs is stored in under ``scheme``."""
     if scheme is None:

@@ -123,3 +123,63 @@ def test_the_recipes_kv_cache_reaches_generation(tmp_path: Path) -> None:
     with edgekit.load(tmp_path / "b") as session:
         assert (session.info.kv_cache, session.info.settings["kv_bits"]) == ("q8_0", 8)
         assert session.generate("hello", max_tokens=3, temperature=0).completion_tokens == 3
+
+
+@pytest.mark.parametrize("where", ["itself", "above", "inside"])
+def test_an_output_that_would_destroy_its_source_is_refused(
+    tiny: Path, tmp_path: Path, where: str
+) -> None:
+    """--force replaces the output: pointed at the source, or a folder holding it, it
+    would delete the model it reads (found by the adversarial pass: convert and pack both
+    did). Refused before anything is written; the source is intact."""
+    import shutil
+
+    from edgekit.converters.convert import convert_model
+    from edgekit.targets.mlx import MlxTarget
+
+    from edgekit.bundle import VariantRequest, pack
+    from edgekit.errors import WriteError
+
+    parent = tmp_path / "parent"
+    source = Path(shutil.copytree(tiny, parent / "model"))
+    (parent / "precious.txt").write_text("keep me")
+    before = sorted(p.name for p in source.iterdir())
+    out = {"itself": source, "above": parent, "inside": source / "sub"}[where]
+    with pytest.raises(WriteError, match="would destroy the source"):
+        convert_model(source, "mlx", out, quant="4BIT", force=True)
+    with pytest.raises(WriteError, match="would destroy the source"):
+        pack(source, out, [VariantRequest(target=MlxTarget.name, quant="4BIT")], force=True)
+    assert sorted(p.name for p in source.iterdir()) == before
+    assert (parent / "precious.txt").read_text() == "keep me"
+    assert not (source / "sub").exists()
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "says"),
+    [
+        ("lm_head", {"bits": 8, "group_size": 64}, "lm_head has 8 bits"),
+        ("model.layers.0.self_attn.q_proj", False, "q_proj is not quantized"),
+        ("model.nothing", {"bits": 4, "group_size": 64}, "do not hold"),
+        ("bits", 4.0, "bits must be one of"),
+    ],
+)
+def test_a_quantization_block_that_lies_is_refused_by_inspection(
+    bundle_4bit: Path, tmp_path: Path, entry: str, value: object, says: str
+) -> None:
+    """The block decides how every packed tensor is read: one that disagrees with the
+    stored shapes would size (and count) the model wrongly, so inspection refuses it."""
+    import shutil
+
+    from edgekit.bundle_open import open_bundle
+    from edgekit.errors import ModelFormatError
+    from edgekit.inspection import inspect_model
+
+    opened = open_bundle(bundle_4bit)
+    folder = Path(shutil.copytree(opened.variant_path(opened.manifest.variants[0]), tmp_path / "v"))
+    config = json.loads((folder / "config.json").read_text())
+    for key in ("quantization", "quantization_config"):
+        config[key][entry] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFormatError, match=says) as info:
+        inspect_model(folder)
+    assert info.value.hint
