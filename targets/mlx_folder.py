@@ -13,8 +13,12 @@ in this order, before any of that:
   no ``model_file``, ``quantize_activations`` or legacy ``quantization_config`` (mlx_lm
   writes one equal to ``quantization``: that one is allowed); its structural numbers
   within edgekit's bounds (``edgekit.modelspec.check_structure``).
-- ``quantization``: bits in {2, 3, 4, 5, 6, 8}, group size in {32, 64, 128}, mode affine;
-  per-module entries only for modules whose weights the files hold, each well-formed.
+- ``quantization``: bits in {2, 3, 4, 5, 6, 8}, group size in {32, 64, 128} (exact ints),
+  mode affine; per-module entries (a scheme, or false) only for Linear/Embedding modules
+  the files hold. The numbers mlx_lm computes with (rope_theta...) numbers.
+- Tensors against the config (edgekit.tensor_checks and the family's layout): layers,
+  embedding, output head as tied says; each packed module's U32 weight, scales and
+  biases the shapes its scheme and the config's widths make; one float dtype.
 - Weights: every ``model*.safetensors`` (what mlx_lm loads) is a regular file, not a
   link, and exactly the files the index names (when there is one); every header checked
   against its file (``edgekit.safetensors_header``: the length it claims, every tensor's
@@ -68,6 +72,32 @@ GROUPS = frozenset({32, 64, 128})
 # quantization formats converted on load, activation quantization.
 REFUSED_KEYS = ("model_file", "quantize_activations")
 _FLOAT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+# Config numbers the mlx_lm model classes compute with (None where they may be unset).
+_NUMBERS = (
+    "rope_theta",
+    "rms_norm_eps",
+    "partial_rotary_factor",
+    "query_pre_attn_scalar",
+    "rope_local_base_freq",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+)
+_SWITCHES = ("attention_bias", "mlp_bias", "tie_word_embeddings", "rope_traditional")
+# A Linear/Embedding module's last name -> its (input, output) widths, named from the
+# config's dimensions (what mlx quantizes; anything else, a norm, it does not).
+_MODULE_INPUTS: Mapping[str, tuple[str, str]] = {
+    "q_proj": ("hidden", "attention"),
+    "k_proj": ("hidden", "kv"),
+    "v_proj": ("hidden", "kv"),
+    "qkv_proj": ("hidden", "qkv"),
+    "o_proj": ("attention", "hidden"),
+    "gate_proj": ("hidden", "ffn"),
+    "up_proj": ("hidden", "ffn"),
+    "gate_up_proj": ("hidden", "ffn2"),
+    "down_proj": ("ffn", "hidden"),
+    "embed_tokens": ("hidden", "vocab"),
+    "lm_head": ("hidden", "vocab"),
+}
 _NAMES = {
     "layers": "num_hidden_layers",
     "hidden_size": "hidden_size",
@@ -141,9 +171,11 @@ def read_folder(path: Path) -> MlxFolder:
         names=_NAMES,
         hint=CONVERT_HINT,
     )
+    _check_numbers(config)
     files, tensors = _weights(path)
     names = {t.name for t in tensors}
     quant, per_module = _quantization(config, names)
+    _check_tensors(path, config, model_type, tensors, quant, per_module)
     vocab = int(dims["vocab_size"] or 0)
     return MlxFolder(
         path=path,
@@ -258,23 +290,26 @@ def _quantization(
         module = str(key)
         if f"{module}.weight" not in names:
             raise _bad(f"quantization names {shown(module)}, a module the weights do not hold")
+        if module.rsplit(".", 1)[-1] not in _MODULE_INPUTS:
+            raise _bad(f"quantization names {shown(module)}, not a Linear or Embedding module")
         if isinstance(value, dict):
-            _scheme(value, f"quantization[{shown(module)}]")
-        elif not isinstance(value, bool):
-            raise _bad(f"quantization[{shown(module)}] is {shown(value)}, not an object or bool")
+            value = _scheme(value, f"quantization[{shown(module)}]")
+        elif value is not False:  # mlx-lm writes a scheme, or false for a module it left
+            raise _bad(f"quantization[{shown(module)}] is {shown(value)}, not an object or false")
         per_module[module] = value
     return bulk, per_module
 
 
 def _scheme(block: dict[str, Any], where: str) -> Quantization:
     bits, group, mode = block.get("bits"), block.get("group_size"), block.get("mode", "affine")
-    if isinstance(bits, bool) or bits not in BITS:
+    # exact ints: mlx packs by bits and group as ints (4.0 or true would pass `in`)
+    if type(bits) is not int or bits not in BITS:
         raise _bad(f"{where}.bits is {shown(bits)}, not one of {sorted(BITS)}")
-    if isinstance(group, bool) or group not in GROUPS:
+    if type(group) is not int or group not in GROUPS:
         raise _bad(f"{where}.group_size is {shown(group)}, not one of {sorted(GROUPS)}")
     if mode != "affine":
         raise _bad(f"{where}.mode is {shown(mode)}; edgekit runs affine quantization only")
-    return Quantization(bits=int(bits), group_size=int(group))
+    return Quantization(bits=bits, group_size=group)
 
 
 def _eos_ids(folder: Path, config: dict[str, Any], vocab: int) -> tuple[int, ...]:
@@ -283,7 +318,11 @@ def _eos_ids(folder: Path, config: dict[str, Any], vocab: int) -> tuple[int, ...
     given = config.get("eos_token_id")
     if os.path.lexists(folder / GENERATION_CONFIG):
         generation = _json(folder, GENERATION_CONFIG, GENERATION_BYTES)
-        if isinstance(generation, dict) and generation.get("eos_token_id"):
+        if not isinstance(generation, dict):
+            raise ModelFormatError(
+                f"{folder / GENERATION_CONFIG}: not an object", hint=CONVERT_HINT
+            )
+        if generation.get("eos_token_id"):
             given = generation["eos_token_id"]
     ids = given if isinstance(given, list) else [] if given is None else [given]
     if len(ids) > 64 or not all(
@@ -308,10 +347,153 @@ def _recorded_kv_cache(folder: Path) -> str | None:
     if not os.path.lexists(folder / EDGEKIT_JSON):
         return None
     recorded = _json(folder, EDGEKIT_JSON, GENERATION_BYTES)
-    kv = recorded.get("kv_cache") if isinstance(recorded, dict) else None
+    if not isinstance(recorded, dict):
+        raise ModelFormatError(f"{folder / EDGEKIT_JSON}: not an object", hint=CONVERT_HINT)
+    kv = recorded.get("kv_cache")
     if kv is not None and kv not in KV_CACHES:
         raise ModelFormatError(
             f"{folder / EDGEKIT_JSON}: kv_cache {shown(kv)} is not one of {', '.join(KV_CACHES)}",
             hint=CONVERT_HINT,
         )
     return kv if isinstance(kv, str) else None
+
+
+def _check_numbers(config: dict[str, Any]) -> None:
+    """mlx_lm computes with these: numbers (not a str, nor a bool taken as 1), booleans."""
+    import math
+
+    for key in _NUMBERS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise _bad(f"{key} is {shown(value)}, not a finite number")
+    for key in _SWITCHES:
+        if key in config and not isinstance(config[key], bool):
+            raise _bad(f"{key} is {shown(config[key])}, not true or false")
+
+
+def _check_tensors(
+    folder: Path,
+    config: dict[str, Any],
+    model_type: str,
+    tensors: tuple[TensorInfo, ...],
+    quant: Quantization | None,
+    per_module: Mapping[str, Any],
+) -> None:
+    """The tensors agree with the config: the family's layers and embedding, every packed
+    module's weight/scales/biases the shapes and dtypes of its scheme, every unpacked
+    Linear a float (out, in), one float dtype throughout, the output head as tied says."""
+    from edgekit.architectures import dimensions_from_config, family_for_hf
+    from edgekit.tensor_checks import check_hf_tensors
+
+    family = family_for_hf(model_type, config.get("architectures"))
+    dims = dimensions_from_config(config, family, str(folder / CONFIG))
+    by_name = {t.name: t for t in tensors}
+    embed = next((n[: -len(".weight")] for n in by_name if n.endswith("embed_tokens.weight")), "")
+    embed_scheme = _scheme_of(embed, by_name, quant, per_module)
+    check_hf_tensors(
+        family,
+        dims,
+        tensors,
+        where=str(folder),
+        quantized=quant is not None,
+        embedding_columns=None
+        if embed_scheme is None
+        else dims.hidden_size * embed_scheme.bits // 32,
+    )
+    if ("lm_head.weight" in by_name) == dims.tied_embeddings:
+        state = "ties" if dims.tied_embeddings else "does not tie"
+        raise _bad(
+            f"tie_word_embeddings: the config {state} the output head to the embedding, but "
+            f"lm_head.weight is {'there' if dims.tied_embeddings else 'missing'}"
+        )
+    widths = {
+        "hidden": dims.hidden_size,
+        "attention": dims.heads * dims.head_dim,
+        "ffn": dims.ffn_size,
+        "kv": dims.kv_heads * dims.head_dim,
+        "qkv": (dims.heads + 2 * dims.kv_heads) * dims.head_dim,
+        "ffn2": 2 * dims.ffn_size,
+        "vocab": dims.vocab_size,
+    }
+    floats = {t.dtype for t in tensors if t.dtype != "U32"}
+    if len(floats) != 1 or not floats <= set(_FLOAT_BYTES):
+        raise _bad(
+            f"the tensors are {', '.join(sorted(floats))}: mlx runs one float dtype of "
+            f"{', '.join(_FLOAT_BYTES)} (and U32 packed weights)"
+        )
+    _check_layout(family, dims, by_name, model_type)
+    packed = set()
+    for name, t in by_name.items():
+        module, _, leaf = name.rpartition(".")
+        kind = _MODULE_INPUTS.get(module.rsplit(".", 1)[-1])
+        if kind is None or leaf != "weight":
+            continue
+        scheme = _scheme_of(module, by_name, quant, per_module)
+        _check_module(module, t, by_name, scheme, widths[kind[0]], widths[kind[1]])
+        if scheme is not None:
+            packed |= {name, f"{module}.scales", f"{module}.biases"}
+    stray = [t.name for t in tensors if t.dtype == "U32" and t.name not in packed]
+    if stray:
+        raise _bad(f"{shown(stray[0])} is U32, but no quantized module packs it")
+
+
+def _check_layout(family: Any, dims: Any, by_name: Mapping[str, TensorInfo], kind: str) -> None:
+    """Every tensor of the family's layout is there; a norm of the config's shape."""
+    from edgekit.architectures import hf_shapes
+
+    for name, shape in hf_shapes(family, dims):
+        module = name.rpartition(".")[0]
+        if name not in by_name:
+            raise _bad(f"the {kind} layout needs {shown(name)}, which the files lack")
+        if module.rsplit(".", 1)[-1] not in _MODULE_INPUTS and by_name[name].shape != shape:
+            raise _bad(f"{shown(name)} is {by_name[name].shape}, not the config's {shape}")
+
+
+def _scheme_of(
+    module: str,
+    by_name: Mapping[str, TensorInfo],
+    quant: Quantization | None,
+    per_module: Mapping[str, Any],
+) -> Quantization | None:
+    """The scheme mlx_lm quantizes ``module`` by (its class predicate): the per-module
+    entry, else the bulk scheme where the files hold its scales, else none."""
+    if module in per_module:
+        entry = per_module[module]
+        return entry if isinstance(entry, Quantization) else None
+    if quant is not None and f"{module}.scales" in by_name:
+        return quant
+    return None
+
+
+def _check_module(
+    module: str,
+    weight: TensorInfo,
+    by_name: Mapping[str, TensorInfo],
+    scheme: Quantization | None,
+    width: int,
+    out: int,
+) -> None:
+    scales, biases = by_name.get(f"{module}.scales"), by_name.get(f"{module}.biases")
+    if scheme is None:
+        if scales is not None or weight.shape != (out, width) or weight.dtype == "U32":
+            raise _bad(
+                f"{shown(module)} is not quantized, so its weight must be a float "
+                f"({out}, {width}) without scales; the files hold {weight.dtype} "
+                f"{weight.shape}{' and scales' if scales is not None else ''}"
+            )
+        return
+    bits, group = scheme.bits, scheme.group_size
+    if width % group or (width * bits) % 32:
+        raise _bad(f"{shown(module)}: {width} inputs do not pack in groups of {group}")
+    want = {"weight": (out, width * bits // 32), "scales": (out, width // group)}
+    want["biases"] = want["scales"]
+    for leaf, t in (("weight", weight), ("scales", scales), ("biases", biases)):
+        dtype_ok = t is not None and (t.dtype == "U32") == (leaf == "weight")
+        if t is None or not dtype_ok or tuple(t.shape) != want[leaf]:
+            held = "nothing" if t is None else f"{t.dtype} {tuple(t.shape)}"
+            raise _bad(
+                f"{shown(module)} is {bits}-bit in groups of {group}, so its {leaf} must be "
+                f"{'U32' if leaf == 'weight' else 'float'} {want[leaf]}; the files hold {held}"
+            )

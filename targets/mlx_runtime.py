@@ -37,7 +37,12 @@ from edgekit.targets.session import Session
 from edgekit.targets.templates import NO_TEMPLATE_HINT, render_chat_template
 from edgekit.targets.values import Sampling, SessionInfo, StreamChunk
 
-from edgekit.errors import GenerationError, SettingError, TargetUnavailableError
+from edgekit.errors import (
+    GenerationError,
+    ModelFormatError,
+    SettingError,
+    TargetUnavailableError,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -79,7 +84,9 @@ class MlxSession(Session):
             )
         )
         # the default: what the recipe asked for (edgekit.json), else not quantized
-        kv = checks.choice("kv_cache", kv_cache or folder.kv_cache or "f16", tuple(KV_BITS))
+        # only None is the default: an empty string is a setting, refused as one
+        default = folder.kv_cache or "f16"
+        kv = checks.choice("kv_cache", default if kv_cache is None else kv_cache, tuple(KV_BITS))
         try:
             import importlib
 
@@ -100,6 +107,7 @@ class MlxSession(Session):
         self._closed = False
         with backend_errors(target, f"loading {folder.path}"):
             self._tokenizer = open_tokenizer(Tokenizer, folder.path)
+            _check_tokenizer_vocab(self._tokenizer, folder)
             self._model = _load_model(folder)
             self._refuse_unquantizable_cache(kv)
         self.info = SessionInfo(
@@ -312,3 +320,18 @@ def _cpu_threads() -> int:
     import psutil
 
     return psutil.cpu_count(logical=False) or 1
+
+
+def _check_tokenizer_vocab(tokenizer: Any, folder: MlxFolder) -> None:
+    """Every id the tokenizer can produce is a row of the embedding: an added token past
+    vocab_size would index outside it in the model."""
+    # the highest id, not the count: an added token may sit past a gap in the numbering
+    ids = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    ids = max(ids, tokenizer.get_vocab_size(with_added_tokens=True))
+    if ids > folder.vocab_size:
+        raise ModelFormatError(
+            f"{folder.path / 'tokenizer.json'}: token ids reach {ids - 1:,}, past the "
+            f"config's vocab_size {folder.vocab_size:,}",
+            hint="the tokenizer does not belong to this model; convert the model again: "
+            "edgekit convert MODEL --to mlx -o DIR",
+        )

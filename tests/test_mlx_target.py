@@ -228,6 +228,8 @@ def test_settings_and_devices(f32: Path) -> None:
 
     with pytest.raises(SettingError, match="kv_cache"):
         _load(f32, kv_cache="q5_1")
+    with pytest.raises(SettingError, match="kv_cache"):
+        _load(f32, kv_cache="")  # not the default: only None is
     with pytest.raises(SettingError, match="context"):
         _load(f32, context=10**6)
     with pytest.raises(TargetUnavailableError, match="Metal"):
@@ -357,13 +359,137 @@ HOSTILE = {
 }
 
 
-@pytest.mark.parametrize("damage", list(HOSTILE), ids=list(HOSTILE))
+def _tensors(folder: Path, change: Any) -> None:
+    """Rewrite model.safetensors' header by ``change(header)`` (the data kept; the
+    header's offsets are what it says, so a change keeps the tiling consistent)."""
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + n])
+    change(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n :])
+
+
+def _retype(name: str, dtype: str, width: int) -> Any:
+    """Give tensor ``name`` ``dtype`` (``width`` bytes an element) over the same bytes."""
+
+    def change(header: dict[str, Any]) -> None:
+        t = header[name]
+        start, end = t["data_offsets"]
+        rows = t["shape"][0]
+        t["dtype"], t["shape"] = dtype, [rows, (end - start) // width // rows]
+
+    return change
+
+
+def _quant(folder: Path, **entries: Any) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    for c in (config["quantization"], config.get("quantization_config")):
+        if c is not None:
+            c.update(entries)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _wide_tokenizer(folder: Path) -> None:
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["added_tokens"].append(
+        {
+            "id": vocab + 5,
+            "content": "<beyond>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+
+
+HOSTILE_F32 = {
+    "f64 tensor": (lambda f: _tensors(f, _retype("model.norm.weight", "F64", 8)), "F64"),
+    "rope_theta string": (lambda f: _config(f, rope_theta="10000"), "rope_theta"),
+    "rms_norm_eps bool": (lambda f: _config(f, rms_norm_eps=True), "rms_norm_eps"),
+    "generation_config list": (
+        lambda f: (f / "generation_config.json").write_text("[1, 2]"),
+        "not an object",
+    ),
+    "edgekit.json list": (lambda f: (f / "edgekit.json").write_text("[]"), "not an object"),
+    "tokenizer past vocab": (_wide_tokenizer, "vocab_size"),
+    "more layers": (lambda f: _config(f, num_hidden_layers=3), "num_hidden_layers"),
+    "smaller vocab": (lambda f: _config(f, vocab_size=256), "make it [256, 64]"),
+    "tied with a head": (lambda f: _config(f, tie_word_embeddings=True), "lm_head"),
+    "head_dim": (lambda f: _config(f, head_dim=8), "self_attn"),
+    "qwen3 layout": (lambda f: _config(f, model_type="qwen3"), "q_norm"),
+}
+HOSTILE_Q4 = {
+    "bits float": (lambda f: _quant(f, bits=4.0), "bits"),
+    "bits true": (lambda f: _quant(f, bits=True), "bits"),
+    "group float": (lambda f: _quant(f, group_size=64.0), "group_size"),
+    "module true": (lambda f: _quant(f, lm_head=True), "not an object or false"),
+    "norm entry": (lambda f: _quant(f, **{"model.norm": {"bits": 4, "group_size": 64}}), "norm"),
+    "other bits": (lambda f: _quant(f, bits=8), "embed_tokens"),
+    "other group": (lambda f: _quant(f, group_size=32), "scales"),
+    "module 8-bit": (lambda f: _quant(f, lm_head={"bits": 8, "group_size": 64}), "lm_head"),
+    "module false": (lambda f: _quant(f, lm_head=False), "lm_head"),
+    "packed f32": (
+        lambda f: _tensors(f, _retype("model.layers.0.self_attn.q_proj.weight", "F32", 4)),
+        "q_proj",
+    ),
+    "scales i32": (
+        lambda f: _tensors(f, _retype("model.layers.0.self_attn.q_proj.scales", "I32", 4)),
+        "I32",
+    ),
+    "scales f16": (
+        lambda f: _tensors(f, _retype("model.layers.0.self_attn.q_proj.scales", "F16", 2)),
+        "F16",
+    ),
+    "swapped shape": (
+        lambda f: _tensors(
+            f,
+            lambda h: h["model.layers.0.self_attn.q_proj.weight"].update(
+                shape=h["model.layers.0.self_attn.q_proj.weight"]["shape"][::-1]
+            ),
+        ),
+        "q_proj",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def q4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama's 4-bit variant (group 64): packed U32 weights, F32 scales."""
+    return _build(tmp_path_factory, "4BIT")[1]
+
+
+@pytest.mark.parametrize("damage", list(HOSTILE_Q4), ids=list(HOSTILE_Q4))
+def test_hostile_quantized_folder_is_refused_before_mlx_opens_it(
+    q4: Path, tmp_path: Path, damage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = Path(shutil.copytree(q4, tmp_path / "variant"))
+    _refused_before_mlx(folder, *HOSTILE_Q4[damage], monkeypatch)
+
+
+@pytest.mark.parametrize("damage", [*HOSTILE, *HOSTILE_F32], ids=[*HOSTILE, *HOSTILE_F32])
 def test_hostile_folder_is_refused_before_mlx_opens_it(
     copy: Path, damage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _refused_before_mlx(copy, *{**HOSTILE, **HOSTILE_F32}[damage], monkeypatch)
+
+
+def test_the_quantized_variant_loads(q4: Path) -> None:
+    with _load(q4) as session:
+        assert session.info.vocab_size > 0
+
+
+def _refused_before_mlx(
+    copy: Path, change: Any, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import mlx_lm.utils
 
-    change, said = HOSTILE[damage]
     change(copy)
     imported: list[str] = []
     real_import = importlib.import_module
@@ -424,18 +550,27 @@ def test_memory_caps() -> None:
 
 
 def _sparse_variant(f32: Path, folder: Path, gib: int) -> Path:
-    """The tiny variant with its weights replaced by one sparse tensor of ``gib`` GiB: a
-    real file of that size on disk, without the disk."""
+    """The tiny variant with a sparse tensor of ``gib`` GiB added after its own (which
+    keep the folder consistent with its config): a real file of that size on disk,
+    without the disk."""
     folder = Path(shutil.copytree(f32, folder))
     (folder / "model.safetensors.index.json").unlink()
-    n = (gib << 30) // 4
-    header = json.dumps(
-        {"model.embed_tokens.weight": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}
-    ).encode()
-    header += b" " * (-len(header) % 8)
-    with (folder / "model.safetensors").open("wb") as f:
-        f.write(struct.pack("<Q", len(header)) + header)
-        f.truncate(8 + len(header) + 4 * n)
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + n])
+    end = max(t["data_offsets"][1] for k, t in header.items() if k != "__metadata__")
+    count = (gib << 30) // 4
+    header["padding.weight"] = {
+        "dtype": "F32",
+        "shape": [count],
+        "data_offsets": [end, end + 4 * count],
+    }
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data[8 + n : 8 + n + end])
+        f.truncate(8 + len(text) + end + 4 * count)
     return folder
 
 
