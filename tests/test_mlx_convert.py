@@ -362,6 +362,7 @@ def test_variant_holds_the_sources_files_byte_for_byte(builds: Builds, family: s
 REFUSED = [
     ("llama", "4BIT", "group_size=48", "group_size=48"),
     ("llama", "4BIT", "group_size=256", "group_size=256"),
+    ("llama", "4BIT", "group_size=0", "group_size=0"),  # 0 is not "unset"
     ("llama", "4BIT", "soc=SM8750", "soc=SM8750"),
     ("llama", "8BIT", "part_gib=2", "part_gib=2.0"),
     ("llama", "4BIT", "kv_cache=q5_0", "q5_0"),
@@ -372,6 +373,8 @@ REFUSED = [
     ("llama", "8BIT", "calibration=CALIB", "8BIT"),
     ("llama", "4BIT", "calibration=CALIB,ratio=0.5", "ratio=0.5"),
     ("llama", "4BIT", "calibration=MISSING", "does not exist"),
+    ("llama", "4BIT", "calibration=FOLDER", "a folder, not a regular file"),
+    ("llama", "4BIT", "calibration=FIFO", "a FIFO, not a regular file"),
     ("phi3", "4BIT", "calibration=CALIB", "phi3"),
     ("qwen2", "4BIT", "embeddings=8BIT,output=4BIT", "tied"),  # one tensor, two pins
     ("llama", "Q4_K_M", None, "Q4_K_M"),
@@ -382,11 +385,17 @@ REFUSED = [
 def test_refusals_come_before_anything_is_written(
     builds: Builds, tmp_path: Path, family: str, quant: str, recipe: str | None, said: str
 ) -> None:
+    import os
+
     calibration = tmp_path / "calibration.txt"
     calibration.write_text(training_text())
+    os.mkfifo(tmp_path / "fifo")
     if recipe:
-        recipe = recipe.replace("CALIB", str(calibration)).replace(
-            "MISSING", str(tmp_path / "none.txt")
+        recipe = (
+            recipe.replace("CALIB", str(calibration))
+            .replace("MISSING", str(tmp_path / "none.txt"))
+            .replace("FOLDER", str(tmp_path))
+            .replace("FIFO", str(tmp_path / "fifo"))
         )
     src = builds.source(family)
     root = tmp_path / "out"
@@ -435,6 +444,108 @@ def test_a_source_config_mlx_lm_would_misread_is_refused(
     with pytest.raises(UnsupportedConversionError, match=said):
         convert.convert_model(src, "mlx", tmp_path / "variant", quant="4BIT")
     assert not (tmp_path / "variant").exists()
+
+
+def _copied_source(builds: Builds, tmp_path: Path) -> Path:
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(builds.source("llama"), src)
+    return src
+
+
+def _index(src: Path, shard: str) -> None:
+    names = [t.name for t in read_folder_tensors(src)]
+    (src / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {n: shard for n in names}})
+    )
+
+
+def _refused_at_check(src: Path, tmp_path: Path, error: type[Exception], said: str) -> None:
+    """The edge's check refuses (inspection itself accepts the folder), nothing written."""
+    spec = inspect_model(src)
+    request = ConvertRequest(
+        src=src, out=None, spec=spec, quant="4BIT", recipe=None, progress=no_progress
+    )
+    with pytest.raises(error, match=said) as refused:
+        EDGES[0].check(request)
+    assert refused.value.hint  # type: ignore[attr-defined]
+    with pytest.raises(error, match=said):
+        convert.convert_model(src, "mlx", tmp_path / "variant", quant="4BIT")
+    assert not (tmp_path / "variant").exists()
+
+
+def test_a_stray_shard_beside_the_index_is_refused(builds: Builds, tmp_path: Path) -> None:
+    """mlx-lm loads every model*.safetensors, whatever the index names."""
+    import shutil
+
+    src = _copied_source(builds, tmp_path)
+    _index(src, "model.safetensors")
+    shutil.copyfile(src / "model.safetensors", src / "model-zzz.safetensors")
+    _refused_at_check(src, tmp_path, UnsupportedConversionError, "model-zzz.safetensors")
+
+
+def test_shards_mlx_lm_would_not_find_are_refused(builds: Builds, tmp_path: Path) -> None:
+    src = _copied_source(builds, tmp_path)
+    (src / "model.safetensors").rename(src / "weights-00001-of-00001.safetensors")
+    _index(src, "weights-00001-of-00001.safetensors")
+    _refused_at_check(src, tmp_path, UnsupportedConversionError, "weights-00001-of-00001")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "oversize"])
+def test_a_source_file_mlx_lm_would_hang_on_is_refused(
+    builds: Builds, tmp_path: Path, kind: str
+) -> None:
+    import os
+
+    from edgekit.errors import ModelFormatError
+
+    src = _copied_source(builds, tmp_path)
+    target = src / "generation_config.json"
+    target.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(target)
+        _refused_at_check(src, tmp_path, ModelFormatError, "not a regular file")
+    elif kind == "device":
+        target.symlink_to("/dev/zero")
+        _refused_at_check(src, tmp_path, ModelFormatError, "outside the model folder")
+    else:
+        target.write_text(json.dumps({"pad": "x" * (2 << 20)}))
+        _refused_at_check(src, tmp_path, UnsupportedConversionError, "generation_config.json")
+
+
+def test_a_cache_snapshot_of_links_to_blobs_converts(builds: Builds, tmp_path: Path) -> None:
+    """huggingface_hub's layout: snapshots/REV/FILE -> ../../blobs/HASH, followed."""
+    import shutil
+
+    blobs, snapshot = tmp_path / "repo" / "blobs", tmp_path / "repo" / "snapshots" / "abc"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, f in enumerate(sorted(builds.source("llama").iterdir())):
+        shutil.copyfile(f, blobs / f"blob{i}")
+        (snapshot / f.name).symlink_to(Path("../../blobs") / f"blob{i}")
+    convert.convert_model(snapshot, "mlx", tmp_path / "variant", quant="4BIT")
+    assert (tmp_path / "variant" / "config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"group_size": 64, "bits": 7},
+        {"group_size": 64, "bits": 4, "model.layers.0.mlp.down_proj": "six"},
+        {"group_size": 64, "bits": 4, "model.layers.0.mlp.down_proj": {"bits": 4.0}},
+        {"group_size": 64, "bits": True},
+    ],
+)
+def test_a_malformed_quantization_block_is_refused(builds: Builds, block: Any) -> None:
+    """recorded_layout reads the block with inspection's rule (packing_from_config)."""
+    from edgekit.converters.mlx.format import recorded_layout
+
+    from edgekit.errors import ModelFormatError
+
+    spec = inspect_model(builds.source("llama"))
+    with pytest.raises(ModelFormatError):
+        recorded_layout(spec, "4BIT", block)
 
 
 def test_float_quants_warn_about_unused_options(builds: Builds, tmp_path: Path) -> None:

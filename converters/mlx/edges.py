@@ -7,7 +7,7 @@ from __future__ import annotations
 from edgekit.converters.edge_checks import Tool, check_hf_tokenizer, check_hf_weights, require
 from edgekit.converters.formats import ConvertRequest, Edge
 from edgekit.converters.mlx.config import mlx_config_changes
-from edgekit.converters.mlx.export import hf_to_mlx
+from edgekit.converters.mlx.export import check_source, hf_to_mlx
 from edgekit.converters.mlx.plan import mlx_build
 
 from edgekit.architectures import FAMILIES
@@ -46,6 +46,7 @@ def _check_convert(req: ConvertRequest) -> None:
         check_hf_weights(req.spec, req.src, "MLX conversion")
         check_hf_tokenizer(req.src)
         mlx_config_changes(read_config(req.src))  # refuses an already-quantized source
+        check_source(req.src)  # the files mlx-lm opens, and the shards it globs
         if build.calibration and not (req.src / "tokenizer.json").is_file():
             raise UnsupportedConversionError(
                 f"{req.src}: calibration is tokenized with tokenizer.json, which is not there",

@@ -12,6 +12,7 @@ prints and progress bars go to edgekit's debug log.
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
 import json
 import logging
@@ -30,7 +31,7 @@ from edgekit.atomic import atomic_path, check_destination
 from edgekit.errors import ConversionError, EdgekitError, UnsupportedConversionError
 from edgekit.inspection import read_config
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
-from edgekit.safetensors_header import model_file
+from edgekit.safetensors_header import model_file, safetensors_files
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ SOURCE_FILES = (
     "generation_config.json",
 )
 MAX_SOURCE_FILE = 256 * 1024 * 1024  # a tokenizer.json of a 256k vocabulary is ~35 MB
+# mlx-lm json-loads generation_config.json whole: a few hundred bytes in practice
+MAX_GENERATION_CONFIG = 1 << 20
 _FLOAT_LABELS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 _NOISY = ("mlx", "mlx_lm", "transformers", "tokenizers")
 _STEPS = 4
@@ -79,6 +82,7 @@ def hf_to_mlx(
     """
     check_destination(out, force=force)
     changes = mlx_config_changes(read_config(src))
+    check_source(src)
     with atomic_path(out, force=force) as tmp:
         tmp.mkdir()
         with quiet_tools(_NOISY, log) as chatter:
@@ -163,18 +167,60 @@ def storage_counts(model: Any) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _copy_source_files(src: Path, out: Path) -> None:
+def check_source(src: Path) -> None:
+    """Every file mlx-lm or the copy opens from ``src`` is a regular file inside it (a
+    link to one, as in a Hugging Face cache snapshot, is followed) of a bounded size, and
+    the weights mlx-lm loads are exactly those inspection read: ``load_model`` globs
+    ``model*.safetensors`` whatever the index says (config.json is read_config's).
+
+    Raises:
+        ModelFormatError: a file is a FIFO, a device, a link out of the folder...
+        UnsupportedConversionError: an oversized file, a stray shard, or shards mlx-lm
+            would not find.
+    """
+    _source_files(src)
+    named = {str(src / p.name) for p in safetensors_files(src)}
+    # the very pattern mlx-lm globs (so a folder name holding glob characters counts too)
+    globbed = set(glob.glob(str(src / "model*.safetensors")))
+    if globbed - named:
+        extra = sorted(Path(p).name for p in globbed - named)
+        raise UnsupportedConversionError(
+            f"{src}: {', '.join(extra[:5])} is not a shard the index names, but mlx-lm "
+            "loads every model*.safetensors in the folder",
+            hint="remove the stray file, or convert a folder holding only the model's shards",
+        )
+    if named - globbed:
+        unseen = sorted(Path(p).name for p in named - globbed)
+        raise UnsupportedConversionError(
+            f"{src}: mlx-lm loads only model*.safetensors, and {', '.join(unseen[:5])} "
+            "is not named so",
+            hint="rename the shards model-00001-of-0000N.safetensors (and the index's "
+            "weight_map with them), or model.safetensors for one file",
+        )
+
+
+def _source_files(src: Path) -> list[Path]:
+    """The SOURCE_FILES ``src`` has, each checked (regular, inside, size-bounded)."""
+    found = []
     for name in SOURCE_FILES:
         path = src / name
         if not path.exists() and not path.is_symlink():
             continue
         checked = model_file(src, name)  # a regular file inside the folder
-        if checked.stat().st_size > MAX_SOURCE_FILE:
+        size = checked.stat().st_size
+        bound = MAX_GENERATION_CONFIG if name == "generation_config.json" else MAX_SOURCE_FILE
+        if size > bound:
             raise UnsupportedConversionError(
-                f"{checked}: {checked.stat().st_size} bytes is not a plausible {name}",
-                hint=f"a tokenizer or config file is under {MAX_SOURCE_FILE >> 20} MiB",
+                f"{checked}: {size:,} bytes is not a plausible {name}",
+                hint=f"a {name} is under {bound >> 20} MiB",
             )
-        shutil.copyfile(checked, out / name)
+        found.append(checked)
+    return found
+
+
+def _copy_source_files(src: Path, out: Path) -> None:
+    for checked in _source_files(src):
+        shutil.copyfile(checked, out / checked.name)
 
 
 def _version(dist: str) -> str:

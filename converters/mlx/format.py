@@ -13,7 +13,6 @@ from edgekit.converters.layouts import TensorLayout, WeightLayout, tensor_role
 from edgekit.converters.mlx.edges import EDGES, cannot_build
 from edgekit.converters.mlx.layout import (
     FLOAT_QUANTS,
-    GROUP_SIZES,
     default_plan,
     float_dtype,
     plan_layout,
@@ -22,6 +21,7 @@ from edgekit.converters.mlx.layout import (
 from edgekit.errors import EdgekitError
 from edgekit.inspection import read_config
 from edgekit.modelspec import ModelSpec, TensorInfo
+from edgekit.packed_weights import Packing, Scheme, packing_from_config
 
 
 def _float(name: str, bits: int, note: str) -> Quant:
@@ -98,27 +98,25 @@ class MlxFormat(Format):
         return EDGES
 
 
-def _module_quant(path: str, block: Any, names: set[str]) -> tuple[int, int] | None:
-    """(bits, group) of the module at ``path`` as a config's quantization block says (the
-    loader's rule: a per-module entry, else the default where its scales were saved)."""
-    if not isinstance(block, dict):
+def _module_quant(path: str, packing: Packing | None, names: set[str]) -> Scheme | None:
+    """(bits, group) of the module at ``path`` as the config's packing says (the loader's
+    rule: a per-module entry, else the default where its scales were saved)."""
+    if packing is None:
         return None
-    entry = block.get(path)
-    if entry is False:
-        return None
-    if not isinstance(entry, dict):
-        entry = block if f"{path}.scales" in names else None
-    if entry is None:
-        return None
-    bits, group = entry.get("bits"), entry.get("group_size")
-    if not isinstance(bits, int) or group not in GROUP_SIZES or not 2 <= bits <= 8:
-        return None
-    return bits, group
+    if path in packing.modules:
+        return packing.modules[path]
+    return packing.default if f"{path}.scales" in names else None
 
 
 def recorded_layout(spec: ModelSpec, quant: str, block: Any) -> WeightLayout:
     """Every module of a variant folder's tensors (packed weights with their scales and
-    biases, in one entry under the weight's name and logical shape)."""
+    biases, in one entry under the weight's name and logical shape).
+
+    Raises:
+        ModelFormatError: ``block`` is malformed (``packing_from_config``: inspection
+            reads the block with the same rule, so the two cannot disagree).
+    """
+    packing = packing_from_config({"quantization": block}, spec.path)
     by_name = {t.name: t for t in spec.tensors}
     out: list[TensorLayout] = []
     for t in spec.tensors:
@@ -128,7 +126,7 @@ def recorded_layout(spec: ModelSpec, quant: str, block: Any) -> WeightLayout:
         ):
             continue
         path = t.name.removesuffix(".weight")
-        found = _module_quant(path, block, set(by_name)) if t.name.endswith(".weight") else None
+        found = _module_quant(path, packing, set(by_name)) if t.name.endswith(".weight") else None
         if found is None:
             out.append(_entry(t, t.shape, t.dtype, t.nbytes))
             continue

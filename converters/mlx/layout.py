@@ -169,7 +169,8 @@ def default_plan(spec: ModelSpec, quant: str, group_size: int | None = None) -> 
         raise UnsupportedConversionError(
             f"{quant!r} is not an MLX quantization", hint=f"choose one of {', '.join(QUANT_BITS)}"
         )
-    group = group_size or DEFAULT_GROUP
+    # None is "not given"; 0 is a value, refused like any other mlx lacks
+    group = DEFAULT_GROUP if group_size is None else group_size
     if group not in GROUP_SIZES:
         raise UnsupportedConversionError(
             f"group_size={group} is not one mlx's affine quantization supports",

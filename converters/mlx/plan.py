@@ -13,6 +13,8 @@ edge's check makes it before anything is written.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, replace
 
 from edgekit.converters.mlx.layout import (
@@ -27,6 +29,7 @@ from edgekit.converters.recipe import Recipe, set_options
 
 from edgekit.errors import UnsupportedConversionError
 from edgekit.modelspec import ModelSpec
+from edgekit.safe_files import kind_of
 
 # the recipe's KV-cache names -> mlx-lm's kv_bits (None: the unquantized cache)
 KV_BITS: dict[str, int | None] = {"f16": None, "q8_0": 8, "q4_0": 4}
@@ -34,6 +37,7 @@ KV_GROUP = 64
 PIN_BITS = {"F16": 0, "F32": 0, "BF16": 0, "8BIT": 8, "6BIT": 6, "4BIT": 4}
 # the families mlx-lm's AWQ has a layer map for (mlx_lm.quant.awq.AWQ_MODEL_CONFIGS)
 AWQ_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+MAX_CALIBRATION = 16 << 20  # AWQ reads 2,048 tokens of it: 16 MiB is far more than enough
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +121,7 @@ def _check_calibration(name: str, recipe: Recipe, spec: ModelSpec, plan: BitPlan
             hint="AWQ quantizes every block at 4 bits and the embedding and lm_head at one "
             "integer precision: drop those options, or drop calibration",
         )
+    _check_calibration_file(recipe.calibration)
     from edgekit.converters.openvino.export import calibration_texts
 
     try:  # the file is there, with text (read with OpenVINO's bounds)
@@ -125,6 +130,30 @@ def _check_calibration(name: str, recipe: Recipe, spec: ModelSpec, plan: BitPlan
         raise UnsupportedConversionError(
             exc.message, hint=exc.hint or "give calibration= a local UTF-8 text file"
         ) from exc
+
+
+def _check_calibration_file(path: str) -> None:
+    """A regular file (a link to one is the user's own choice) of 1 byte to 16 MiB, said
+    so before OpenVINO's reader calls anything else missing or reads it whole."""
+    hint = "give calibration= a local UTF-8 text file of 1 byte to 16 MiB"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UnsupportedConversionError(
+            f"calibration text {path} does not exist", hint=hint
+        ) from None
+    except OSError as exc:
+        raise UnsupportedConversionError(
+            f"calibration text {path} cannot be read ({exc.strerror})", hint=hint
+        ) from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsupportedConversionError(
+            f"calibration text {path} is {kind_of(st.st_mode)}, not a regular file", hint=hint
+        )
+    if not 0 < st.st_size <= MAX_CALIBRATION:
+        raise UnsupportedConversionError(
+            f"calibration text {path} is {st.st_size:,} bytes", hint=hint
+        )
 
 
 def mlx_build(quant: str | None, recipe: Recipe | None, spec: ModelSpec) -> MlxBuild:
