@@ -43,6 +43,7 @@ from typing import Any
 from edgekit.targets import hf_tokens
 from edgekit.targets.hf_tokens import TokenizerFiles
 
+from edgekit.architectures import HF_NAMES
 from edgekit.errors import ModelFormatError, ModelNotFoundError
 from edgekit.modelspec import TensorInfo, check_structure, shown
 from edgekit.safetensors_header import INDEX_NAME, read_folder_tensors
@@ -97,17 +98,6 @@ _MODULE_INPUTS: Mapping[str, tuple[str, str]] = {
     "down_proj": ("ffn", "hidden"),
     "embed_tokens": ("hidden", "vocab"),
     "lm_head": ("hidden", "vocab"),
-}
-_NAMES = {
-    "layers": "num_hidden_layers",
-    "hidden_size": "hidden_size",
-    "heads": "num_attention_heads",
-    "kv_heads": "num_key_value_heads",
-    "head_dim": "head_dim",
-    "ffn_size": "intermediate_size",
-    "vocab_size": "vocab_size",
-    "context_length": "max_position_embeddings",
-    "sliding_window": "sliding_window",
 }
 
 
@@ -166,9 +156,9 @@ def read_folder(path: Path) -> MlxFolder:
         if key in config:
             raise _bad(f"sets {key!r}, which edgekit does not let mlx_lm act on")
     dims = check_structure(
-        {k: config.get(v) for k, v in _NAMES.items()},
+        {k: config.get(v) for k, v in HF_NAMES.items()},
         where=str(path / CONFIG),
-        names=_NAMES,
+        names=HF_NAMES,
         hint=CONVERT_HINT,
     )
     _check_numbers(config)
