@@ -9,6 +9,49 @@ from pathlib import Path
 
 from edgekit.errors import TargetUnavailableError, UnsupportedConversionError
 from edgekit.modelspec import ModelSpec
+from edgekit.safetensors_header import model_file
+
+# What a variant takes from its Hugging Face source beside the weights (tokenizer, chat
+# template, generation defaults), byte for byte; never code (a source's *.py is what
+# transformers imports under trust_remote_code).
+HF_SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+MAX_SIDE_FILE = 256 << 20  # a tokenizer.json of a 256k vocabulary is ~35 MB
+# read whole as JSON by the runtimes: a few hundred bytes in practice
+MAX_GENERATION_CONFIG = 1 << 20
+
+
+def hf_side_files(src: Path) -> list[Path]:
+    """The HF_SIDE_FILES ``src`` has, each a regular file inside it of a bounded size.
+
+    Raises:
+        ModelFormatError: one is a link out of the folder, a FIFO...
+        UnsupportedConversionError: one is implausibly large.
+    """
+    found = []
+    for name in HF_SIDE_FILES:
+        if not (src / name).exists() and not (src / name).is_symlink():
+            continue
+        checked = model_file(src, name)  # a regular file inside the folder
+        size = checked.stat().st_size
+        bound = MAX_GENERATION_CONFIG if name == "generation_config.json" else MAX_SIDE_FILE
+        if size > bound:
+            raise UnsupportedConversionError(
+                f"{checked}: {size:,} bytes is not a plausible {name}",
+                hint=f"a {name} is under {bound >> 20} MiB",
+            )
+        found.append(checked)
+    return found
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -176,7 +176,7 @@ class TransformersReference:
         # one window, so the tokenizer's length warning does not apply.
         self.tokenizer.model_max_length = 1 << 40
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-        self.model.eval()  # type: ignore[no-untyped-call]
+        self.model.eval()
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])

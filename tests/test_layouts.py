@@ -219,7 +219,6 @@ def test_prediction_only_formats_size_their_schemes_and_borrow_quality() -> None
     from edgekit.converters.tensorrt import FORMAT as TENSORRT
 
     spec = inspect_model(MISTRAL_7B)
-    assert not TENSORRT.buildable and TENSORRT.edges() == ()
     # quality by analogy with the closest measured format, and said so
     assert TENSORRT.quants["INT4"].expected_kl == OPENVINO.quants["INT4"].expected_kl
     # MLX is built now (tests/test_mlx_convert.py): its KL is measured, and said so

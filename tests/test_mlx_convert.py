@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 from edgekit.converters import convert
+from edgekit.converters.edge_checks import HF_SIDE_FILES
 from edgekit.converters.formats import ConvertRequest
 from edgekit.converters.mlx import FORMAT
 from edgekit.converters.mlx.edges import EDGES, MLX_FAMILIES, cannot_build
-from edgekit.converters.mlx.export import SETTINGS_FILE, SOURCE_FILES
+from edgekit.converters.mlx.export import SETTINGS_FILE
 
 from edgekit.errors import UnsupportedConversionError
 from edgekit.inspection import inspect_model
@@ -341,7 +342,7 @@ def test_recipe_layout_matches_the_files(builds: Builds) -> None:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_variant_holds_the_sources_files_byte_for_byte(builds: Builds, family: str) -> None:
     src, out = builds.source(family), builds.mlx(family, "4BIT")
-    copied = [n for n in SOURCE_FILES if (src / n).is_file()]
+    copied = [n for n in HF_SIDE_FILES if (src / n).is_file()]
     assert "tokenizer.json" in copied
     for name in copied:
         assert (out / name).read_bytes() == (src / name).read_bytes(), name

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekit.converters.edge_checks import hf_side_files
 from edgekit.converters.mlx.awq import quantizable_module
 from edgekit.converters.mlx.config import mlx_config_changes
 from edgekit.converters.mlx.layout import module_bits
@@ -31,28 +32,11 @@ from edgekit.atomic import atomic_path, check_destination
 from edgekit.errors import ConversionError, EdgekitError, UnsupportedConversionError
 from edgekit.inspection import read_config
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
-from edgekit.safetensors_header import model_file, safetensors_files
+from edgekit.safetensors_header import safetensors_files
 
 log = logging.getLogger(__name__)
 
 SETTINGS_FILE = "edgekit.json"
-# What a variant takes from its source, byte for byte (tokenizer, chat template,
-# generation defaults); never code (mlx-lm's own save copies the source's *.py).
-SOURCE_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-)
-MAX_SOURCE_FILE = 256 * 1024 * 1024  # a tokenizer.json of a 256k vocabulary is ~35 MB
-# mlx-lm json-loads generation_config.json whole: a few hundred bytes in practice
-MAX_GENERATION_CONFIG = 1 << 20
 _FLOAT_LABELS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 _NOISY = ("mlx", "mlx_lm", "transformers", "tokenizers")
 _STEPS = 4
@@ -178,7 +162,7 @@ def check_source(src: Path) -> None:
         UnsupportedConversionError: an oversized file, a stray shard, or shards mlx-lm
             would not find.
     """
-    _source_files(src)
+    hf_side_files(src)
     named = {str(src / p.name) for p in safetensors_files(src)}
     # the very pattern mlx-lm globs (so a folder name holding glob characters counts too)
     globbed = set(glob.glob(str(src / "model*.safetensors")))
@@ -199,27 +183,8 @@ def check_source(src: Path) -> None:
         )
 
 
-def _source_files(src: Path) -> list[Path]:
-    """The SOURCE_FILES ``src`` has, each checked (regular, inside, size-bounded)."""
-    found = []
-    for name in SOURCE_FILES:
-        path = src / name
-        if not path.exists() and not path.is_symlink():
-            continue
-        checked = model_file(src, name)  # a regular file inside the folder
-        size = checked.stat().st_size
-        bound = MAX_GENERATION_CONFIG if name == "generation_config.json" else MAX_SOURCE_FILE
-        if size > bound:
-            raise UnsupportedConversionError(
-                f"{checked}: {size:,} bytes is not a plausible {name}",
-                hint=f"a {name} is under {bound >> 20} MiB",
-            )
-        found.append(checked)
-    return found
-
-
 def _copy_source_files(src: Path, out: Path) -> None:
-    for checked in _source_files(src):
+    for checked in hf_side_files(src):
         shutil.copyfile(checked, out / checked.name)
 
 

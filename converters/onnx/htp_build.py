@@ -250,7 +250,7 @@ def _weigher(quant: str) -> Any:
         count = 1
         for dim in tensor.dims:
             count *= dim
-        size = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        size = int(helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize)
         if quant == "FP16" and tensor.data_type == TensorProto.FLOAT:
             size = 2
         return count * size

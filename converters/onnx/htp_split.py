@@ -211,7 +211,7 @@ def tensor_bytes(tensor: onnx.TensorProto, source_dir: Path) -> bytes:
     from onnx import TensorProto, numpy_helper
 
     if tensor.data_location != TensorProto.EXTERNAL:
-        return numpy_helper.to_array(tensor).tobytes()
+        return bytes(numpy_helper.to_array(tensor).tobytes())
     info = {e.key: e.value for e in tensor.external_data}
     location = Path(info.get("location", ""))
     if location.is_absolute() or ".." in location.parts or not location.name:
