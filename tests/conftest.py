@@ -118,13 +118,17 @@ def smollm2_hf(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     require("torch", "the Hugging Face export needs torch")
     require("transformers", "the Hugging Face export needs transformers")
     require("gguf", "transformers reads GGUF through the gguf package")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path_factory.mktemp("smollm2-hf")
     folder, name = str(default_gguf.parent), default_gguf.name
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+    # The config read once and handed on: each read parses the whole GGUF metadata (its
+    # 49k-token vocabulary) in Python, ~10 s here; the files written are byte for byte
+    # those of the two plain calls (compared here: 49 s against 55 s).
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config)
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+    AutoTokenizer.from_pretrained(folder, gguf_file=name, config=config).save_pretrained(out)
     return out
 
 

@@ -35,12 +35,14 @@ ANSWER_TOKENS = 48
 MAX_TRIGRAM_REPEATS = 2
 MIN_DISTINCT_WORDS = 0.5
 
-# edgekit eval (2 windows of 128 tokens: MLX's CPU build scores ~5 tokens/s here), against
-# the fp32 Hugging Face source through transformers. Measured here: mean KL 0.334
-# nats/token, top-1 agreement 0.633, perplexity 25.7 against the source's 19.0. The
-# bounds leave ~1.8x on KL and 0.13 on agreement; what they exclude: weights that are not
+# edgekit eval (1 window of 128 tokens, its last 64 scored: MLX's CPU build takes ~23 s
+# for the window's logits here, transformers ~9 s), against the fp32 Hugging Face source
+# through transformers. Measured here: mean KL 0.383 nats/token, top-1 agreement 0.594,
+# perplexity 32.0 against the source's 25.1 (two windows: 0.334, 0.633, 25.7 / 19.0, for
+# twice the time). The figures are deterministic (greedy logits of a fixed text); the
+# bounds leave ~1.6x on KL and 0.09 on agreement; what they exclude: weights that are not
 # the model's (KL of several nats, agreement near 0) or a broken quantizer.
-EVAL_CTX, EVAL_CHUNKS = 128, 2
+EVAL_CTX, EVAL_CHUNKS = 128, 1
 MAX_KL, MIN_AGREEMENT, MAX_PERPLEXITY_RATIO = 0.6, 0.5, 2.0
 
 
@@ -117,8 +119,10 @@ def test_eval_reports_kl_against_the_source(bundle_4bit: Path, smollm2_source: P
 def test_bench_measures_it(bundle_4bit: Path) -> None:
     from edgekit.targets.mlx import MlxTarget
 
+    # Short: every figure is checked for presence, shape and sign, not size, and MLX's CPU
+    # build decodes ~5 tokens/s here (64 + 32 tokens took 44 s, 16 + 8 14 s).
     data = _invoke(
-        "bench", str(bundle_4bit), "--prompt-lengths", "64", "--gen-tokens", "32",
+        "bench", str(bundle_4bit), "--prompt-lengths", "16", "--gen-tokens", "8",
         "--repeats", "2", "--warmup", "1", "--no-calibrate", "--json",
     )  # fmt: skip
     assert (data["target"], data["quant"], data["variant"]) == (
@@ -129,9 +133,9 @@ def test_bench_measures_it(bundle_4bit: Path) -> None:
     (run,) = data["runs"]  # type: ignore[misc]
     assert run["device"] == "cpu" and run["load_s"] > 0 and run["peak_rss_mb"] > 0
     (prefill,) = run["prefill"]
-    assert prefill["prompt_tokens"] == 64
+    assert prefill["prompt_tokens"] == 16
     assert prefill["tok_s"]["median"] > 0 and prefill["ttft_s"]["median"] > 0
     decode = run["decode"]
-    assert decode["tokens"] == 31, decode
+    assert decode["tokens"] == 7, decode  # the tokens after the first
     assert decode["tok_s"]["median"] > 0 and decode["tok_s"]["n"] == 2
     assert set(data["includes"]) >= {"load_s", "ttft_s", "prefill_tok_s", "decode_tok_s"}
