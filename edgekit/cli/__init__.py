@@ -127,5 +127,6 @@ from edgekit.cli import (  # noqa: E402,F401
     probe_cmd,
     profiles_cmd,
     run_cmd,
+    tools_cmd,
     tui_cmd,
 )
