@@ -34,7 +34,7 @@ from edgekit.host.jetson import read_jetson
 from edgekit.manifest import Variant
 from edgekit.power.base import PowerMeter
 from edgekit.power.sampler import PowerSampler, PowerWindow
-from edgekit.power.select import select_meter
+from edgekit.power.select import use_meter
 from edgekit.probe import probe_host
 from edgekit.progress import ProgressCallback, ProgressEvent, no_progress
 from edgekit.targets.session import Session
@@ -127,6 +127,7 @@ class MeterInfo:
     interval_s: float
     unavailable: dict[str, str] = field(default_factory=dict)
     lost: str | None = None
+    detail: str = ""  # what the figure covers (a Jetson's rails: which, and how summed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,30 +223,28 @@ def bench(
     progress: ProgressCallback = no_progress,
     live: LiveCallback | None = None,
     stop: threading.Event | None = None,
+    root: Path = Path("/"),
 ) -> BenchResult:
     """Benchmark one variant of ``bundle`` (one run per ``threads`` value).
 
     ``meter`` is the power meter: one this host has, by name (``rapl``, ``estimated``,
     ...), or a ``PowerMeter`` to use as it is; None takes the best one readable here.
     ``live`` receives ``LiveSample``s while it runs (for live charts); setting ``stop``
-    ends the benchmark at the next token or step.
+    ends the benchmark at the next token or step. ``root`` is where /sys, /proc and /etc
+    are read for the power sensors and a Jetson's nvpmodel mode (a recorded tree in tests).
 
     Raises:
         BundleError, TargetError: from loading; GenerationError from the runtime.
         BenchStoppedError: ``stop`` was set.
     """
     host = probe_host()
-    skipped: dict[str, str] = {}  # why each sensor was passed over
-    if isinstance(meter, PowerMeter):
-        power_meter = meter
-    else:
-        power_meter, skipped = select_meter(
-            idle_w=host.profile.power.idle_w, max_w=host.profile.power.max_w, prefer=meter
-        )
+    power_meter, skipped = use_meter(
+        meter, idle_w=host.profile.power.idle_w, max_w=host.profile.power.max_w, root=root
+    )
     workload = Workload(
         prompt_lengths=prompt_lengths, gen_tokens=gen_tokens, repeats=repeats, warmup=warmup
     )
-    jetson = read_jetson()
+    jetson = read_jetson(root)
     before = _thermal()
     with PowerSampler(power_meter, interval_s) as sampler:
         measure = Measurement(
@@ -276,6 +275,7 @@ def bench(
         meter=MeterInfo(
             name=power_meter.name,
             measured=power_meter.measured,
+            detail=power_meter.detail,
             interval_s=interval_s,
             unavailable=skipped,
             lost=sampler.lost,

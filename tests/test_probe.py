@@ -186,8 +186,14 @@ def test_jetson_ina_rails(tmp_path: Path) -> None:
     _write(tmp_path, "sys/class/hwmon/hwmon1/name", "ina3221\n")
     _write(tmp_path, "sys/class/hwmon/hwmon1/in1_label", "VDD_IN\n")
     _write(tmp_path, "sys/class/hwmon/hwmon1/in2_label", "VDD_CPU_GPU_CV\n")
+    # labels alone are no reading: the channel's mV and mA files are needed
     s = sensors.jetson_ina(tmp_path)
-    assert s.readable and "VDD_IN" in s.detail and "VDD_CPU_GPU_CV" in s.detail
+    assert not s.readable and "hwmon1 channel 1 (VDD_IN): no in1_input" in s.detail
+    for channel in (1, 2):
+        _write(tmp_path, f"sys/class/hwmon/hwmon1/in{channel}_input", "5000\n")
+        _write(tmp_path, f"sys/class/hwmon/hwmon1/curr{channel}_input", "400\n")
+    s = sensors.jetson_ina(tmp_path)
+    assert s.readable and "VDD_IN 2.00 W" in s.detail and "VDD_CPU_GPU_CV" in s.detail
 
 
 def test_rapl_readable(tmp_path: Path) -> None:

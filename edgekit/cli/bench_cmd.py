@@ -152,6 +152,7 @@ def render_result(result: object, console: Console) -> None:
     if not isinstance(result, BenchResult):
         raise TypeError("a BenchResult")
     label = "a sensor" if result.meter.measured else "an estimate, no sensor here"
+    caption = _power_caption(result)
     t = Table(
         "threads",
         "phase",
@@ -165,6 +166,8 @@ def render_result(result: object, console: Console) -> None:
             f"power: {result.meter.name} ({label})"
         ),
         title_justify="left",
+        caption=render.text(caption) if caption else None,
+        caption_justify="left",
     )
     for run in result.runs:
         for p in run.prefill:
@@ -197,6 +200,20 @@ def render_result(result: object, console: Console) -> None:
             f"peak RSS {run.peak_rss_mb:.0f} MB",
         )
     console.print(t)
+
+
+def _power_caption(result: object) -> str:
+    """What the watts cover (a Jetson's rails) and the nvpmodel mode they were taken in."""
+    from edgekit.bench import BenchResult
+
+    if not isinstance(result, BenchResult):
+        raise TypeError("a BenchResult")
+    lines = []
+    if result.thermal.power_mode:
+        lines.append(f"power mode: {result.thermal.power_mode} (nvpmodel)")
+    if result.meter.detail:
+        lines.append(f"{result.meter.name}: {result.meter.detail}")
+    return "\n".join(lines)
 
 
 def _rate(s: object) -> str:

@@ -12,7 +12,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgekit.host.ina3221 import find_rails
 from edgekit.host.nvml import Nvml, NvmlUnavailable
+from edgekit.host.sysfs import TreeError
 
 SENSOR_NAMES = ("rapl", "nvml", "jetson-ina", "battery", "powermetrics")
 
@@ -56,19 +58,20 @@ def nvml() -> SensorFacts:
 
 
 def jetson_ina(root: Path) -> SensorFacts:
-    for name_file in sorted((root / "sys/class/hwmon").glob("hwmon*/name")):
-        if name_file.read_text(errors="replace").strip() == "ina3221":
-            rails = sorted(name_file.parent.glob("in*_label"))
-            labels = [r.read_text(errors="replace").strip() for r in rails]
-            return SensorFacts(
-                name="jetson-ina",
-                readable=bool(labels),
-                detail=f"rails: {', '.join(labels)}" if labels else "ina3221 without rail labels",
-            )
-    legacy = sorted((root / "sys/bus/i2c/drivers/ina3221").glob("*/hwmon/hwmon*"))
-    if legacy:
-        return SensorFacts(name="jetson-ina", readable=True, detail=str(legacy[0]))
-    return SensorFacts(name="jetson-ina", readable=False, detail="no INA3221 power monitor")
+    rails = find_rails(root)
+    if not rails.rails:
+        why = f": {rails.skipped[0]}" if rails.skipped else ""
+        return SensorFacts(name="jetson-ina", readable=False, detail=f"no INA3221 rail{why}")
+    try:
+        watts = rails.read(root)
+    except TreeError as exc:
+        return SensorFacts(name="jetson-ina", readable=False, detail=str(exc))
+    listed = ", ".join(f"{label} {w:.2f} W" for label, w in watts.items())
+    return SensorFacts(
+        name="jetson-ina",
+        readable=True,
+        detail=f"rails: {listed}; module power = {rails.derivation}",
+    )
 
 
 def battery(root: Path) -> SensorFacts:

@@ -23,6 +23,7 @@ class Reading:
 class PowerMeter(ABC):
     name: str  # rapl, nvml, jetson-ina, powermetrics, battery, estimated
     measured: bool = True  # False only for the estimate
+    detail: str = ""  # what the figure covers, where a sensor sees more than one thing
 
     @abstractmethod
     def read(self) -> Reading:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from edgekit.host.ina3221 import find_rails
+from edgekit.host.sysfs import TreeError
 from edgekit.power.base import MeterUnavailable, PowerMeter, Reading
 
 
@@ -16,33 +18,34 @@ def _read_int(path: Path) -> int:
 
 
 class JetsonInaMeter(PowerMeter):
-    """The module's input rail (VDD_IN) of the INA3221 monitor: bus millivolts x milliamps.
-
-    Without a VDD_IN label, the labelled rails are summed (an under-count: it misses what
-    the monitor does not see)."""
+    """The Jetson module's power from its INA3221 monitors: the input rail (VDD_IN) where
+    the board has one, else the sum its layout defines (edgekit.host.ina3221); ``detail``
+    says which rails, ``rails()`` reads each of them."""
 
     name = "jetson-ina"
 
     def __init__(self, root: Path = Path("/")) -> None:
-        self.rails: list[tuple[Path, Path]] = []
-        for name_file in sorted((root / "sys/class/hwmon").glob("hwmon*/name")):
-            if name_file.read_text(errors="replace").strip() != "ina3221":
-                continue
-            hwmon = name_file.parent
-            labelled = {
-                label.read_text().strip(): label.name.split("_")[0][2:]
-                for label in sorted(hwmon.glob("in*_label"))
-            }
-            channels = [labelled["VDD_IN"]] if "VDD_IN" in labelled else list(labelled.values())
-            self.rails = [(hwmon / f"in{c}_input", hwmon / f"curr{c}_input") for c in channels]
-            break
-        if not self.rails:
-            raise MeterUnavailable("no INA3221 power monitor")
-        self.read()
+        self.root = root
+        self.railset = find_rails(root)
+        if not self.railset.module:
+            why = "; ".join(self.railset.skipped[:3])
+            raise MeterUnavailable("no INA3221 power monitor" + (f" ({why})" if why else ""))
+        self.detail = self.railset.derivation
+        self.read()  # fail now, not in the sampler, if a rail is unreadable
 
     def read(self) -> Reading:
-        watts = sum(_read_int(v) * _read_int(i) for v, i in self.rails) / 1e6
+        try:
+            watts = self.railset.module_watts(self.root)
+        except TreeError as exc:
+            raise MeterUnavailable(str(exc)) from exc
         return Reading(t=time.monotonic(), watts=watts)
+
+    def rails(self) -> dict[str, float]:
+        """Watts of every rail now, by label."""
+        try:
+            return self.railset.read(self.root)
+        except TreeError as exc:
+            raise MeterUnavailable(str(exc)) from exc
 
 
 class BatteryMeter(PowerMeter):
