@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from edgekit.converters.recipe import Recipe
 
     from edgekit.modelspec import ModelSpec
+    from edgekit.tool_envs import ToolEnv
 
 # Source kinds: what ``inspect_model`` reports as ModelSpec.format ("hf", "gguf"), and
 # the formats an edge can write ("hf" is the dequantized Hugging Face folder).
@@ -113,6 +114,10 @@ class Format(ABC):
     # already has the type it would choose ("" when a conversion rewrites every tensor):
     # such a source kept in its own quantization loses nothing more.
     requantizer: ClassVar[str] = ""
+    # The isolated tool environments its conversions run in (an exporter whose pins
+    # conflict with edgekit's own environment): ``edgekit tools install NAME`` creates them,
+    # and the CLI lists them from here, so nothing outside the format names them.
+    tool_envs: ClassVar[tuple[ToolEnv, ...]] = ()
 
     def quant(self, name: str) -> Quant | None:
         return self.quants.get(name.upper())
@@ -154,6 +159,12 @@ class Format(ABC):
         """Why edgekit's converter cannot build ``spec`` in this buildable format ("" when
         it can: e.g. a family the exporter does not support yet). The planner marks such a
         candidate prediction-only; no tool is imported."""
+        return ""
+
+    def quant_not_built(self, quant: str) -> str:
+        """Why edgekit does not build the quantization ``quant`` of this buildable format
+        ("" when it does: e.g. one that needs a calibration on hardware this host lacks).
+        The planner marks such a candidate prediction-only."""
         return ""
 
     def edges(self) -> tuple[Edge, ...]:

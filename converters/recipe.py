@@ -18,7 +18,14 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from edgekit.errors import UnsupportedConversionError
 
-_PARSERS = {"group_size": int, "ratio": float, "part_gib": float}
+_PARSERS = {
+    "group_size": int,
+    "ratio": float,
+    "part_gib": float,
+    "max_batch": int,
+    "max_input": int,
+    "max_output": int,
+}
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
@@ -37,6 +44,11 @@ class Recipe:
     # the most one part of a split build may weigh (GiB): the Hexagon maps at most 4 GiB
     # per session (the device profiles' max_model_gib)
     part_gib: float | None = None
+    # the engine a runtime that compiles on the device builds (TensorRT Edge-LLM): the most
+    # sequences at once, prompt tokens and generated tokens it is sized for (engine.json)
+    max_batch: int | None = None
+    max_input: int | None = None
+    max_output: int | None = None
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)

@@ -17,10 +17,12 @@ from edgekit.errors import (
     InsufficientMemoryError,
     ModelError,
     NoUsableVariantError,
+    TargetError,
     UnsupportedConversionError,
 )
 from edgekit.inspection import inspect_model
 from edgekit.manifest import OpenedBundle, Variant
+from edgekit.targets.availability import target_status
 from edgekit.targets.contract import Target
 from edgekit.targets.registry import get_target
 
@@ -91,7 +93,8 @@ def _candidates(
         chosen = manifest.variant(requested)
         if chosen.target not in runnable:
             raise NoUsableVariantError(
-                f"variant {chosen.name} needs target {chosen.target!r}, which cannot run here",
+                f"variant {chosen.name} needs target {chosen.target!r}, which cannot run "
+                f"here: {_why_not_here(chosen.target)}",
                 hint="run `edgekit probe` to see the usable targets",
             )
         return [chosen]
@@ -111,7 +114,9 @@ def _candidates(
     )
     if not candidates:
         targets = ", ".join(sorted({v.target for v in manifest.variants}))
+        absent = sorted({v.target for v in manifest.variants} - runnable)
         reasons = "".join(f"; {name}: {why}" for name, why in elsewhere.items())
+        reasons += "".join(f"; {name} cannot run here: {_why_not_here(name)}" for name in absent)
         raise NoUsableVariantError(
             f"no variant of {manifest.name} can run here (it has {targets}){reasons}",
             hint="each variant above says why: pack one for this host (or repack a damaged one)"
@@ -119,6 +124,15 @@ def _candidates(
             else "install the target's extra, or pack a variant for a target this host has",
         )
     return candidates
+
+
+def _why_not_here(name: str) -> str:
+    """Why the target ``name`` cannot run on this host, as its SDK says it (imports the
+    SDK: load calls this only after it found the target unusable)."""
+    try:
+        return target_status(get_target(name)).detail
+    except TargetError as exc:  # not a registered target
+        return exc.message
 
 
 def choose_variant(

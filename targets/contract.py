@@ -145,6 +145,15 @@ class Target(ABC):
         return unit.priors
 
     @classmethod
+    def unit_formats(cls, profile: DeviceProfile, accelerator: Accelerator) -> tuple[str, ...]:
+        """The formats the planner considers on ``accelerator`` of ``profile``, most
+        precise first: by default the unit's (``UnitSupport.formats``). A target whose
+        chips differ in the precisions they run (an FP8 engine needs an SM89+ GPU)
+        narrows them to what this chip runs. Must not import the SDK."""
+        unit = cls.unit(accelerator.kind)
+        return unit.formats if unit is not None else ()
+
+    @classmethod
     def build_recipe(cls, profile: DeviceProfile, accelerator: Accelerator) -> str:
         """Recipe options (``key=value,...``) a build for ``accelerator`` of ``profile``
         needs beyond its quantization: a build compiled for one chip names the chip and

@@ -56,12 +56,15 @@ def test_outputs_and_reachable_follow_the_edges() -> None:
     assert graph.reachable("gguf", BUILT) == ("gguf", "openvino", "hf")
     assert graph.reachable("openvino", BUILT) == ()
     # a format without edges adds no output; one with edges adds its own
-    assert graph.outputs((*BUILT, TENSORRT)) == ("gguf", "openvino", "hf")
+    assert graph.outputs((*BUILT, PLANNED)) == ("gguf", "openvino", "hf")
+    assert graph.outputs((*BUILT, TENSORRT)) == ("gguf", "openvino", "tensorrt", "hf")
     assert graph.outputs((*BUILT, ONNX)) == ("gguf", "openvino", "onnx", "hf")
     assert graph.outputs((*BUILT, MLX)) == ("gguf", "openvino", "mlx", "hf")
     # MLX converts a Hugging Face folder: a GGUF is dequantized on the way
     route = graph.route("gguf", "mlx", (*BUILT, MLX))
     assert [f"{e.source}->{e.output}" for e in route] == ["gguf->hf", "hf->mlx"]
+    route = graph.route("gguf", "tensorrt", (*BUILT, TENSORRT))
+    assert [f"{e.source}->{e.output}" for e in route] == ["gguf->hf", "hf->tensorrt"]
 
 
 def test_unknown_output_lists_what_edgekit_writes() -> None:
@@ -70,10 +73,25 @@ def test_unknown_output_lists_what_edgekit_writes() -> None:
     assert e.value.hint == "use gguf, openvino or hf"
 
 
+class _PlannedFormat(type(TENSORRT)):  # type: ignore[misc]
+    """A format edgekit sizes and plans but has no conversion for (every registered
+    format converts today)."""
+
+    name: ClassVar[str] = "planned"
+    display: ClassVar[str] = "Planned"
+    buildable: ClassVar[bool] = False
+
+    def edges(self) -> tuple[Edge, ...]:
+        return ()
+
+
+PLANNED = _PlannedFormat()
+
+
 def test_a_planned_format_is_refused_as_not_buildable_yet() -> None:
-    assert not TENSORRT.buildable and TENSORRT.edges() == ()
-    with pytest.raises(UnsupportedConversionError, match="cannot build TensorRT models yet") as e:
-        graph.route("hf", "tensorrt", (*BUILT, TENSORRT))
+    assert not PLANNED.buildable and PLANNED.edges() == ()
+    with pytest.raises(UnsupportedConversionError, match="cannot build Planned models yet") as e:
+        graph.route("hf", "planned", (*BUILT, PLANNED))
     assert e.value.hint == "use gguf, openvino or hf"
 
 
@@ -89,7 +107,7 @@ def test_no_route_says_what_is_reachable() -> None:
 def test_the_product_graph_is_the_registered_formats() -> None:
     """Without ``formats`` the graph reads the registry: today's targets give today's
     outputs (a target added with a new format would add its own)."""
-    assert graph.outputs() == graph.outputs((GGUF, MLX, OPENVINO, ONNX))
+    assert graph.outputs() == graph.outputs((GGUF, MLX, OPENVINO, ONNX, TENSORRT))
     assert _steps("gguf", "openvino") == [
         f"{e.source}->{e.output}" for e in graph.route("gguf", "openvino")
     ]
@@ -138,7 +156,7 @@ def test_convert_refuses_before_writing_when_a_later_step_fails(tmp_path: Path) 
 def test_already_in_the_output_kind(tmp_path: Path, tiny_hf: Path) -> None:
     with pytest.raises(UnsupportedConversionError, match="is already a Hugging Face folder") as e:
         convert.convert_model(tiny_hf, "hf", tmp_path / "out")
-    assert e.value.hint == "convert it --to gguf or mlx or openvino or onnx"
+    assert e.value.hint == "convert it --to gguf or mlx or openvino or onnx or tensorrt"
 
 
 @pytest.fixture

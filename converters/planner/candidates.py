@@ -71,15 +71,17 @@ def _device_limit(profile: DeviceProfile, unit: Unit, budgets: Budgets) -> tuple
     return limit, "the device leaves a model"
 
 
-def buildable(spec: ModelSpec, target: type[Target], unit_kind: str) -> tuple[bool, str]:
-    """Whether edgekit can build ``spec`` for ``target`` to run on a ``unit_kind`` unit,
-    and why not (when it can: what of that build cannot run on this host, if anything)."""
+def buildable(spec: ModelSpec, target: type[Target], unit_kind: str, fmt: str) -> tuple[bool, str]:
+    """Whether edgekit can build ``spec`` in ``fmt`` for ``target`` to run on a
+    ``unit_kind`` unit, and why not (when it can: what of that build cannot run on this
+    host, if anything). A format edgekit sizes but does not build (``quant_not_built``:
+    a quantization that needs a GPU calibration step) is prediction-only with its reason."""
     if not (target.runs and target.format.buildable):
         return False, f"edgekit cannot build {target.name} bundles yet (prediction only)"
     support = target.unit(unit_kind)
     if support is not None and support.not_built:
         return False, support.not_built
-    why = target.format.cannot_build(spec)
+    why = target.format.quant_not_built(fmt) or target.format.cannot_build(spec)
     return (False, why) if why else (True, target.build_note(unit_kind))
 
 
@@ -111,7 +113,7 @@ def candidate(
     reasons += _parts(f"{target.name} {fmt}", layout, target, unit)
     reasons += _power(profile, slot.mode, budgets)
     reasons += _speed_and_quality(f"{target.name} {fmt}", pred, kl, kl_source, budgets)
-    can_build, build_note = buildable(spec, target, unit.accelerator.kind)
+    can_build, build_note = buildable(spec, target, unit.accelerator.kind, fmt)
     build_recipe = ""
     try:
         build_recipe = target.build_recipe(profile, unit.accelerator)

@@ -18,12 +18,18 @@ from edgekit.converters.planner.fitting import fit
 from edgekit.converters.planner.memory import KV_BYTES, attention_layers, kv_cache_bytes
 from edgekit.converters.planner.predict import Unit, coefficients, units_for
 from edgekit.converters.planner.ranking import rank, shortfall, summary
-from edgekit.converters.planner.sources import formats_for, source_notes, source_quantization
+from edgekit.converters.planner.sources import (
+    SourceQuantization,
+    formats_for,
+    source_notes,
+    source_quantization,
+)
 from edgekit.converters.planner.values import (
     DEFAULT_CONTEXT,
     NO_BUDGETS,
     Budgets,
     Candidate,
+    ModeFigures,
     Plan,
 )
 from edgekit.targets.contract import Coefficients, Target
@@ -140,7 +146,7 @@ def plan(
         for unit in units:
             coeff = _calibrated(target, unit, spec, calibrate_for)
             slot = Slot(target=target, unit=unit, coefficients=coeff, mode=mode, source=source)
-            for fmt in formats_for(target, unit.accelerator.kind, source):
+            for fmt in formats_for(target, profile, unit.accelerator, source):
                 candidates.append(candidate(spec, profile, budgets, slot, fmt))
     if not candidates:
         raise PlanError(
@@ -148,7 +154,55 @@ def plan(
             "has a compute unit edgekit can plan for",
             hint="check the profile's targets and accelerators (edgekit profiles --json)",
         )
-    return _ranked(spec, profile, budgets, mode, candidates, notes)
+    ranked = _ranked(spec, profile, budgets, mode, candidates, notes)
+    modes = _mode_figures(spec, profile, budgets, ranked, source, calibrate_for)
+    return replace(ranked, power_modes=modes)
+
+
+def _mode_figures(
+    spec: ModelSpec,
+    profile: DeviceProfile,
+    budgets: Budgets,
+    result: Plan,
+    source: SourceQuantization | None,
+    device: str | None,
+) -> tuple[ModeFigures, ...]:
+    """The plan's pick (else the best candidate) predicted under each power mode of the
+    device: a Jetson's modes trade tokens/s for watts, and the pick is made in one."""
+    pick = result.choice or result.best
+    if pick is None or not profile.power.modes:
+        return ()
+    target = next(t for t in profile_targets(profile) if t.name == pick.target)
+    figures = []
+    for mode in profile.power.modes:
+        unit = next(
+            (
+                u
+                for u in units_for(profile, target, mode)
+                if (u.accelerator.kind, u.accelerator.name) == (pick.unit, pick.unit_name)
+            ),
+            None,
+        )
+        if unit is None:  # (the pick's unit is the device's: always found)
+            continue
+        coeff = _calibrated(target, unit, spec, device)
+        slot = Slot(target=target, unit=unit, coefficients=coeff, mode=mode, source=source)
+        c = candidate(spec, profile, budgets, slot, pick.format)
+        p = c.prediction
+        figures.append(
+            ModeFigures(
+                mode=mode.name,
+                max_w=mode.max_w,
+                note=mode.note,
+                decode_tok_s=p.decode_tok_s,
+                prefill_tok_s=p.prefill_tok_s,
+                watts=p.watts,
+                joules_per_token=p.joules_per_token,
+                fits=c.fits,
+                chosen=mode.name == result.power_mode,
+            )
+        )
+    return tuple(figures)
 
 
 def _ranked(

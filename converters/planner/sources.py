@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from edgekit.converters.layouts import WeightLayout, numel
 from edgekit.targets.contract import Target
 
+from edgekit.devices import Accelerator, DeviceProfile
 from edgekit.modelspec import ModelSpec
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -65,13 +66,16 @@ def source_quantization(spec: ModelSpec) -> SourceQuantization | None:
 
 
 def formats_for(
-    target: type[Target], kind: str, source: SourceQuantization | None
+    target: type[Target],
+    profile: DeviceProfile,
+    accelerator: Accelerator,
+    source: SourceQuantization | None,
 ) -> tuple[str, ...]:
-    """The formats planned for a target and unit, most bits first; from an
-    already-quantized source of the target's own format, the source's own quantization
-    too (kept as it is, it loses nothing more)."""
-    unit = target.unit(kind)
-    formats = unit.formats if unit is not None else ()
+    """The formats planned for a target on one unit of ``profile``, most bits first (the
+    target's ``unit_formats``: what that chip runs); from an already-quantized source of
+    the target's own format, the source's own quantization too (kept as it is, it loses
+    nothing more)."""
+    formats = target.unit_formats(profile, accelerator)
     if source is None or source.format != target.format.name:
         return formats
     own = target.format.quant(source.file_type)

@@ -58,6 +58,22 @@ class Candidate:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModeFigures:
+    """The plan's pick (target, unit, format) predicted under one power mode of the
+    device, so the modes can be compared: speed, draw and energy per token."""
+
+    mode: str
+    max_w: float
+    note: str
+    decode_tok_s: float | None
+    prefill_tok_s: float | None
+    watts: float | None
+    joules_per_token: float | None
+    fits: bool  # within every budget in this mode (a --power budget below its max_w: no)
+    chosen: bool  # the mode the plan is made in
+
+
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     model: str
     family: str
@@ -73,6 +89,8 @@ class Plan:
     closest: Candidate | None  # when nothing fits: the smallest option
     summary: str
     notes: tuple[str, ...]
+    # the pick under each of the device's power modes (none: no modes, or no pick)
+    power_modes: tuple[ModeFigures, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         def cand(c: Candidate | None) -> dict[str, Any] | None:
@@ -97,4 +115,5 @@ class Plan:
             "best": cand(self.best),
             "closest": cand(self.closest),
             "candidates": [cand(c) for c in self.candidates],
+            "power_modes": [asdict(m) for m in self.power_modes],
         }

@@ -128,10 +128,13 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
             "  est. first estimate  cal. calibrated on this host",
             style="dim",
         )
+    _render_power_modes(result, console)
     console.print()
     console.print(render.text(result.summary, "bold"))
     for note in result.notes:
         console.print(render.text(f"note: {note}", "dim"))
+    for note in _prediction_only(result):
+        console.print(render.text(f"~ {note}", "dim"))
     if rejected:
         console.print()
         console.print("rejected", style="bold")
@@ -139,3 +142,38 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
             console.print(render.text(f"  {c.label}: {c.rejections[0]}"))
         if not show_all and len(rejected) > 12:
             console.print(f"  ... {len(rejected) - 12} more (--all)", style="dim")
+
+
+def _render_power_modes(result: Plan, console: Console) -> None:
+    """The pick under each power mode of the device, one line each, so a user can trade
+    tokens/s for watts (``--power`` picks the fastest mode within a budget)."""
+    pick = result.choice or result.best
+    if not result.power_modes or pick is None:
+        return
+    console.print(render.text(f"power modes ({pick.label}):", "dim"))
+    for m in result.power_modes:
+        figures = ", ".join(
+            part
+            for part in (
+                f"{m.decode_tok_s:.1f} tok/s" if m.decode_tok_s else "",
+                f"{m.watts:g} W" if m.watts else "",
+                f"{m.joules_per_token:.2f} J/tok" if m.joules_per_token else "",
+            )
+            if part
+        )
+        mark = "*" if m.chosen else (" " if m.fits else "x")
+        over = "" if m.fits else " (over a budget)"
+        console.print(render.text(f"  {mark} {m.mode}: {figures or 'no prediction'}{over}", "dim"))
+
+
+def _prediction_only(result: Plan) -> list[str]:
+    """Why the "~" candidates are predicted only, one line per target, unit and reason
+    ("tensorrt INT8, INT4 on GPU: quantizing for ... needs ...")."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for c in result.candidates:
+        if not c.buildable:
+            groups.setdefault((c.target, c.unit, c.build_note), []).append(c.format)
+    return [
+        f"{target} {', '.join(formats)} on {unit.upper()}: {why or 'not built by edgekit'}"
+        for (target, unit, why), formats in groups.items()
+    ]
