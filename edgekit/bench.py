@@ -304,7 +304,8 @@ def _load_and_measure(
         measure.sampler.peak_rss = 0  # per run: peak above this run's own baseline
     rss_before = psutil.Process().memory_info().rss
     t0 = measure.clock()
-    session = edgekit.load(bundle, variant=variant, **settings)
+    # the load's own events (a TensorRT engine built on the first load) reach the caller
+    session = edgekit.load(bundle, variant=variant, progress=measure.progress, **settings)
     try:
         load_s = measure.clock() - t0
         measure.emit("load", None)

@@ -24,6 +24,7 @@ from edgekit.bundle_choose import choose_variant
 from edgekit.bundle_open import open_bundle, verify_variants
 from edgekit.errors import SettingError
 from edgekit.manifest import OpenedBundle
+from edgekit.progress import ProgressCallback
 from edgekit.targets import checks
 from edgekit.targets.availability import target_status
 from edgekit.targets.contract import Target
@@ -31,7 +32,7 @@ from edgekit.targets.registry import get_target, runnable_targets
 from edgekit.targets.session import Session
 
 # edgekit.load's own arguments, listed beside a target's settings when one is unknown
-LOAD_ARGUMENTS = ("variant", "device", "verify", "force")
+LOAD_ARGUMENTS = ("variant", "device", "verify", "force", "progress")
 
 
 def load(
@@ -41,11 +42,14 @@ def load(
     *,
     verify: bool = False,
     force: bool = False,
+    progress: ProgressCallback | None = None,
     **settings: Any,
 ) -> Session:
     """Open ``bundle`` (folder or .tar) and load a variant; returns a Session.
 
     ``settings`` override the bundle's runtime settings (context, threads, kv_cache, ...).
+    ``progress`` receives the load's ProgressEvents where the target reports any (a
+    TensorRT engine built on the first load: minutes); other targets load without.
 
     Raises:
         SettingError: a setting the variant's target does not take (the message lists the
@@ -89,6 +93,8 @@ def load(
         **target.device_settings(device),
         **settings,
     }
+    if progress is not None and "progress" in target.load_settings:
+        merged["progress"] = progress
     # Sizes were checked while choosing; checksums only when asked (they read every byte).
     if verify:
         verify_variants(opened.folder, (chosen,), checksums=True)

@@ -36,6 +36,7 @@ from edgekit.errors import SettingError, TargetUnavailableError
 from edgekit.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:
+    from edgekit.targets.tensorrt_device import Gpu
     from edgekit.targets.tensorrt_runtime import TensorRtSession
 
     from edgekit.devices import Accelerator, DeviceProfile
@@ -64,8 +65,8 @@ class TensorRtTarget(Target):
     format: ClassVar[Format] = FORMAT
     install_hint: ClassVar[str] = INSTALL_HINT
     # tokenizers: the session tokenizes with the export's tokenizer.json (why: the
-    # session module's text)
-    sdk_modules: ClassVar[tuple[str, ...]] = ("tensorrt_edgellm", "tokenizers")
+    # session module's text); onnx: the graph's external-data paths are checked at load
+    sdk_modules: ClassVar[tuple[str, ...]] = ("tensorrt_edgellm", "tokenizers", "onnx")
     distribution: ClassVar[str] = "tensorrt-edgellm"
     runs: ClassVar[bool] = True
     evaluates: ClassVar[bool] = False  # the runtime gives no per-position logits
@@ -159,15 +160,35 @@ class TensorRtTarget(Target):
         engine_settings = effective_settings(folder.settings, context, **given)
         rt = load_native()
         try:
+            gpu = find_gpu()
+            _check_precision(engine_settings.precision, gpu)
             engine = prepare_engine(folder, engine_settings, NativeBuilder(rt), progress=progress)
-            power_mode = find_gpu().power_mode
         except DeviceUnknown as exc:
             raise TargetUnavailableError(
                 str(exc), hint="TensorRT Edge-LLM needs a CUDA GPU"
             ) from exc
         return TensorRtSession(
-            folder, engine, engine_settings, rt=rt, target=cls.name, power_mode=power_mode
+            folder, engine, engine_settings, rt=rt, target=cls.name, power_mode=gpu.power_mode
         )
+
+
+def _check_precision(precision: str, gpu: Gpu) -> None:
+    """Refuse, before an engine build starts, a variant whose precision this GPU's SM does
+    not run (an FP8 engine.json on an Orin: the build would fail minutes later).
+
+    Raises:
+        TargetUnavailableError: the SM is known and lacks the precision.
+    """
+    from edgekit.converters.tensorrt.socs import precisions_for_sm
+
+    if gpu.sm is None or precision in precisions_for_sm(gpu.sm):
+        return
+    runs = ", ".join(precisions_for_sm(gpu.sm))
+    raise TargetUnavailableError(
+        f"{gpu.device} does not run TensorRT Edge-LLM {precision} engines (SM {gpu.sm / 10:.1f} "
+        f"runs {runs})",
+        hint="pack a variant for this device: edgekit pack MODEL --device PROFILE",
+    )
 
 
 def load_native() -> Any:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.converters.tensorrt.settings import EngineSettings
+from edgekit.converters.tensorrt.socs import CHIPS
 from edgekit.targets.tensorrt_engine import DeviceFacts
 
 from edgekit.host.jetson import read_jetson
@@ -115,6 +116,7 @@ class Gpu:
     available_bytes: int
     jetson: bool
     power_mode: str | None
+    sm: int | None = None  # compute capability x10 (87 for an Orin); None: unknown
 
 
 def find_gpu(root: Path = Path("/")) -> Gpu:
@@ -125,11 +127,13 @@ def find_gpu(root: Path = Path("/")) -> Gpu:
     """
     jetson = read_jetson(root)
     if jetson is not None:
+        soc = jetson_soc(root)
         return Gpu(
-            device=f"{jetson.model} ({jetson_soc(root)})",
+            device=f"{jetson.model} ({soc})",
             available_bytes=read_memory().available_bytes,
             jetson=True,
             power_mode=jetson.power_mode,
+            sm=CHIPS[soc].sm if soc in CHIPS else None,
         )
     name, major, minor, uuid = cuda_device0()
     return Gpu(
@@ -137,6 +141,7 @@ def find_gpu(root: Path = Path("/")) -> Gpu:
         available_bytes=_free_bytes(uuid),
         jetson=False,
         power_mode=None,
+        sm=major * 10 + minor,
     )
 
 

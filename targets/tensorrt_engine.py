@@ -5,9 +5,9 @@ An engine is specific to the GPU (or Jetson module) it was built on, the TensorR
 that built it and its build settings, so the cache key is the sha256 of:
 
 - the export's digest (``folder.export_digest``: engine.json, config.json, model.onnx,
-  model.onnx.data's size and samples),
+  model.onnx.data and the chat template, each hashed whole),
 - the files the builder copies beside llm.engine, which the runtime reads there
-  (``copied_files``: the tokenizer files, the embedding's size and samples),
+  (``copied_files``: the tokenizer files and the embedding, hashed whole),
 - the device (NVML's GPU name and compute capability; on a Jetson the device-tree board
   model and the SoC),
 - the TensorRT version of the libnvinfer the runtime loaded, the Edge-LLM version,
@@ -23,7 +23,9 @@ what changed: "TensorRT 10.3.0 -> 10.7.0", "settings changed: max_input_len 1024
 (``edgekit.atomic.atomic_path``) only after ``build()`` returned True and llm.engine
 exists, so an interrupted or failed build leaves neither an entry nor a temporary folder;
 an entry that is damaged (no llm.engine, a manifest that is not its own) is rebuilt, and
-the reason says so.
+the reason says so. After a build, the engines of the same export and device that a
+TensorRT or Edge-LLM upgrade made unusable are removed (``_evict_obsolete``); engines for
+other settings stay, so switching back reuses them.
 
 Before a build starts, the memory it needs (the export's weights, the KV cache at
 max_batch x capacity, the runtime's buffers and the builder's workspace) is compared
@@ -56,13 +58,18 @@ from edgekit.converters.tensorrt.folder import (
 from edgekit.converters.tensorrt.settings import BATCH, INPUT, OUTPUT, EngineSettings
 from edgekit.targets import checks
 from edgekit.targets.runtime_calls import backend_errors
+from edgekit.targets.tensorrt_memory import (  # noqa: F401 - re-exported
+    GIB,
+    BuildMemory,
+    build_memory,
+    check_build_memory,
+)
 
 from edgekit.atomic import atomic_path, write_atomic
 from edgekit.cache import cache_root
 from edgekit.errors import (
     EdgekitError,
     GenerationError,
-    InsufficientMemoryError,
     ModelFormatError,
     SettingError,
     TargetError,
@@ -81,9 +88,7 @@ MANIFEST = "edgekit-engine.json"
 LAYOUT = 1  # the cache layout; a new one keys every engine anew
 MANIFEST_BYTES = 64 << 10
 MAX_ENTRY_FILES = 256  # an entry holds a dozen files
-GIB = 1 << 30
-RUNTIME_BYTES = 500 << 20  # the target's prior: CUDA context and engine buffers
-WORKSPACE_BYTES = 1 << 30  # TensorRT's builder workspace (tactic scratch memory)
+MAX_CACHE_ENTRIES = 4096  # entries looked at for eviction after a build
 STAGE = "build engine"
 # the export's files the builder copies beside llm.engine and the runtime reads there
 COPIED = ("tokenizer.json", "tokenizer_config.json")
@@ -206,62 +211,6 @@ def engine_root() -> Path:
     return cache_root() / "engines" / "tensorrt"
 
 
-# --- memory before a build ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class BuildMemory:
-    weights: int
-    kv_cache: int
-    runtime: int
-    workspace: int
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.kv_cache + self.runtime + self.workspace
-
-
-def build_memory(folder: ExportFolder, settings: EngineSettings) -> BuildMemory:
-    """The memory a build and the engine it makes are predicted to take: the export's
-    weights (model.onnx.data and the embedding, f16), the KV cache at max_batch x
-    capacity (K and V, fp16: 2 bytes), the runtime's buffers and the builder's workspace."""
-    c = folder.config
-    kv = (
-        settings.max_batch_size
-        * settings.max_kv_cache_capacity
-        * int(c["num_hidden_layers"])
-        * 2
-        * int(c["num_key_value_heads"])
-        * int(c["head_dim"])
-        * 2
-    )
-    return BuildMemory(
-        weights=folder.data_bytes + folder.onnx_bytes + folder.embedding_bytes,
-        kv_cache=kv,
-        runtime=RUNTIME_BYTES,
-        workspace=WORKSPACE_BYTES,
-    )
-
-
-def check_build_memory(need: BuildMemory, device: DeviceFacts, settings: EngineSettings) -> None:
-    """Refuse a build predicted not to fit, before it starts, with the figures.
-
-    Raises:
-        InsufficientMemoryError: ``need`` exceeds what ``device`` has available.
-    """
-    if need.total <= device.available_bytes:
-        return
-    raise InsufficientMemoryError(
-        f"building the TensorRT engine needs about {need.total / GIB:.1f} GiB (weights "
-        f"{need.weights / GIB:.1f}, KV cache {need.kv_cache / GIB:.1f} at batch "
-        f"{settings.max_batch_size} x {settings.max_kv_cache_capacity} tokens, runtime "
-        f"{need.runtime / GIB:.1f}, builder workspace {need.workspace / GIB:.1f}); "
-        f"{device.device} has {device.available_bytes / GIB:.1f} GiB available",
-        hint="free memory, or load with a smaller max_input / max_output / max_batch, "
-        "or use a smaller model",
-    )
-
-
 # --- the cache ------------------------------------------------------------------------------
 
 
@@ -299,6 +248,7 @@ def prepare_engine(
         progress(ProgressEvent(stage=STAGE, done=0, total=1, detail=reason))
         _build(folder, settings, builder, entry, key, facts)
         _remember(root, facts)
+        _evict_obsolete(root, facts, key)
         progress(ProgressEvent(stage=STAGE, done=1, total=1, detail=f"built: {reason}"))
     return Engine(path=entry, key=key, built=True, reason=reason, facts=facts)
 
@@ -426,14 +376,23 @@ def _build(
 ) -> None:
     """Build into a private temporary folder and rename it to ``entry``; on any failure
     or interruption the temporary folder is removed and ``entry`` is left absent."""
-    with contextlib.suppress(FileNotFoundError):
-        _discard(entry)  # a damaged entry: never reused, replaced below
     # the native builder raises RuntimeError and its own types; the cache folder's own
-    # failures (a full disk) are mapped the same way
-    with (
-        backend_errors("TensorRT Edge-LLM", "building the engine", hint=BUILD_HINT),
-        atomic_path(entry, force=True) as tmp,
-    ):
+    # failures (a full disk, a damaged entry that cannot be removed) are mapped the same way
+    with backend_errors("TensorRT Edge-LLM", "building the engine", hint=BUILD_HINT):
+        with contextlib.suppress(FileNotFoundError):
+            _discard(entry)  # a damaged entry: never reused, replaced below
+        _build_into(folder, settings, builder, entry, key, facts)
+
+
+def _build_into(
+    folder: ExportFolder,
+    settings: EngineSettings,
+    builder: EngineBuilder,
+    entry: Path,
+    key: str,
+    facts: Mapping[str, Any],
+) -> None:
+    with atomic_path(entry, force=True) as tmp:
         tmp.mkdir()
         ok = builder.build(folder.llm, tmp, settings)
         if not ok:
@@ -452,6 +411,45 @@ def _build(
             )
         manifest = {"key": key, "facts": dict(facts)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
+
+
+def _evict_obsolete(root: Path, facts: Mapping[str, Any], key: str) -> None:
+    """Remove the engines of this export on this device that it can no longer run: built
+    by another TensorRT or Edge-LLM release, or for an older cache layout (a JetPack
+    upgrade would otherwise leave gigabytes behind on a Jetson's storage). Engines for
+    other settings, or another GPU of this host, stay: switching back reuses them. An
+    entry another loader holds locked is left. Best effort: a failure only leaves it."""
+    import fcntl  # Edge-LLM runs on Linux only
+
+    try:
+        entries = [e for e in os.scandir(root) if e.name != key and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for entry in entries[:MAX_CACHE_ENTRIES]:
+        recorded = _read_json(Path(entry.path) / MANIFEST)
+        old = recorded.get("facts") if isinstance(recorded, dict) else None
+        if not isinstance(old, dict) or not _obsoleted(old, facts):
+            continue
+        try:
+            fd = os.open(root / f"{entry.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # being built or checked: leave it
+            _discard(Path(entry.path))
+            log.info("removed an engine this device can no longer run: %s", entry.path)
+        except OSError as exc:
+            log.debug("kept the engine %s: %s", entry.path, exc)
+        finally:
+            os.close(fd)  # the lock file stays: unlinking it would let two loaders lock apart
+
+
+def _obsoleted(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether an engine built from ``old`` facts is superseded by one from ``new``: the
+    same export on the same device, another release or cache layout."""
+    if old.get("export") != new["export"] or old.get("device") != new["device"]:
+        return False
+    return any(old.get(k) != new[k] for k in ("tensorrt", "edgellm", "layout"))
 
 
 def _discard(entry: Path) -> None:

@@ -193,3 +193,33 @@ def full_tiny_gguf_tensors(
     tensors["output_norm.weight"] = ((hidden,), 0)
     tensors["output.weight"] = ((vocab, hidden), 0)
     return tensors
+
+
+def external_data_graph(
+    llm: Path, data: bytes, *, location: str = "model.onnx.data", length: int | None = None
+) -> None:
+    """``llm/model.onnx``: a one-node ONNX graph whose one initializer (f16) lies in the
+    external file ``location`` (offset 0, ``length`` bytes: all of ``data`` unless given),
+    and ``llm/model.onnx.data`` holding ``data``: the shape of an Edge-LLM export's graph
+    and weights, without its operators. Built with onnx's own helper, the format's
+    reference writer (edgekit's check of it parses with onnx too)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    size = len(data) if length is None else length
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT16, dims=[size // 2])
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(size))):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"])],
+        "edgellm-shape",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [size // 2])],
+        initializer=[weight],
+    )
+    (llm / "model.onnx").write_bytes(helper.make_model(graph).SerializeToString())
+    (llm / "model.onnx.data").write_bytes(data)
+    if location == "model.onnx.data" and length is None:  # a valid graph, as onnx sees it
+        onnx.checker.check_model(str(llm / "model.onnx"))

@@ -1373,3 +1373,35 @@ def test_sigterm_during_a_real_quantization(tmp_path: Path, linkable_gguf: Path)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "Traceback" not in stderr, stderr
     assert list(out_dir.iterdir()) == [], "SIGTERM left hidden folders behind"
+
+
+def test_load_passes_progress_only_to_a_target_that_reports_it(
+    tmp_path: Path, linkable_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """edgekit.load(progress=...) reaches a target whose load_settings name it (TensorRT
+    builds an engine on the first load), and no other: llama.cpp would refuse the setting."""
+    from edgekit.targets.llamacpp import LlamaCppTarget
+
+    import edgekit
+
+    given: list[dict[str, Any]] = []
+
+    def record(cls: Any, path: Path, **settings: Any) -> Any:
+        given.append(settings)
+        return SimpleSession()
+
+    monkeypatch.setattr(LlamaCppTarget, "load", classmethod(record))
+    root = make_bundle(tmp_path / "b", model=linkable_gguf)
+    events: list[Any] = []
+    edgekit.load(root, variant="gguf-q4_k_m", force=True, progress=events.append)
+    assert "progress" not in given[-1]
+    monkeypatch.setattr(
+        LlamaCppTarget, "load_settings", (*LlamaCppTarget.load_settings, "progress")
+    )
+    edgekit.load(root, variant="gguf-q4_k_m", force=True, progress=events.append)
+    assert given[-1]["progress"] == events.append
+
+
+class SimpleSession:
+    bundle: Any = None
+    variant: Any = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ from edgekit.errors import (
 )
 from edgekit.inspection import inspect_model
 from edgekit.tool_envs import TOOLS_DIR_ENV, status
-from tests.builders import tiny_config, write_hf_folder
+from tests.builders import external_data_graph, tiny_config, write_hf_folder
 from tests.conftest import STRICT, require
 
 # --- the precision table and the settings ---------------------------------------------------
@@ -313,11 +314,60 @@ def test_an_f32_source_is_staged_at_f16(tmp_path: Path) -> None:
         stage_f16(src, tmp_path / "staged2")
 
 
+def test_a_bf16_or_f32_weight_beyond_f16_is_refused_even_beside_an_inf(tmp_path: Path) -> None:
+    """bf16 shares f32's range: the exporter would cast 1e5 to an F16 inf without a word.
+    An f32 tensor already holding an inf must not hide another element's overflow."""
+    np = pytest.importorskip("numpy")
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    from edgekit.converters.tensorrt.staging import stage_f16
+
+    def source(name: str, tensors: dict[str, Any]) -> Path:
+        src = tmp_path / name
+        src.mkdir()
+        safetensors_numpy.save_file(tensors, str(src / "model.safetensors"))
+        (src / "config.json").write_text('{"model_type": "qwen2"}')
+        return src
+
+    def bf16_source(name: str, values: list[float]) -> Path:
+        # bf16 bits are the f32's upper half (exact for these values); numpy has no bf16,
+        # so the file is written by hand with dtype BF16
+        bits = (np.array(values, dtype=np.float32).view(np.uint32) >> 16).astype("<u2")
+        header = {"w": {"dtype": "BF16", "shape": [len(values)], "data_offsets": [0, bits.nbytes]}}
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        src = tmp_path / name
+        src.mkdir()
+        (src / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bits.tobytes())
+        (src / "config.json").write_text('{"model_type": "qwen2"}')
+        return src
+
+    # -65280: the largest bf16 below f16's max; an inf passes as the inf it is
+    out = stage_f16(bf16_source("ok", [1.0, -65280.0, float("inf")]), tmp_path / "staged-ok")
+    assert (out / "model.safetensors").is_file()
+    with pytest.raises(UnsupportedConversionError, match="w: values beyond f16's range"):
+        stage_f16(bf16_source("big", [1.0, 65536.0]), tmp_path / "staged-big")
+    both = np.array([float("inf"), 1e6], dtype=np.float32)
+    with pytest.raises(UnsupportedConversionError, match="beyond f16's range"):
+        stage_f16(source("inf", {"w": both}), tmp_path / "staged-inf")
+
+
+def test_the_check_computes_the_settings_the_run_will(tmp_path: Path) -> None:
+    """A pack's context beyond the builder's 32,768-token prompt bound is clamped, the same
+    in the check and the run (it passed the check, then failed after the dequantization)."""
+    from edgekit.converters.tensorrt.settings import INPUT, settings_from_recipe
+
+    spec = _spec(tmp_path, "qwen3", max_position_embeddings=131072)
+    settings = settings_from_recipe("F16", None, spec, context=40000)
+    assert settings.max_input_len == INPUT[1] and settings.max_output_len == 512
+    assert settings.max_kv_cache_capacity <= 40000
+
+
 # --- hostile export folders -----------------------------------------------------------------
 
 
 def _write_export(root: Path, config: dict[str, Any] | None = None) -> Path:
-    """A structurally valid variant folder (the files' contents are not graphs)."""
+    """A structurally valid variant folder (a one-node graph over model.onnx.data; the
+    tokenizer files are not tokenizers)."""
     from tests.builders import safetensors_bytes
 
     llm = root / "llm"
@@ -339,7 +389,8 @@ def _write_export(root: Path, config: dict[str, Any] | None = None) -> Path:
     (llm / "embedding.safetensors").write_bytes(
         safetensors_bytes({"embedding": ((256, 64), "F16")})
     )
-    for name in ("model.onnx", "model.onnx.data", "tokenizer.json", "tokenizer_config.json"):
+    external_data_graph(llm, b"\0" * 64)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
         (llm / name).write_bytes(b"{}")
     (llm / "chat_template.jinja").write_text("{{ messages }}")
     (root / ENGINE_JSON).write_text(json.dumps(_good_settings()))
@@ -349,7 +400,7 @@ def _write_export(root: Path, config: dict[str, Any] | None = None) -> Path:
 def test_a_valid_export_folder_reads(tmp_path: Path) -> None:
     folder = read_export(_write_export(tmp_path / "v"))
     assert folder.settings.soc == "ORIN" and folder.config["hidden_size"] == 64
-    assert (folder.onnx_bytes, folder.data_bytes) == (2, 2)
+    assert folder.data_bytes == 64 and folder.onnx_bytes > 0
 
 
 def _hostile(root: Path, how: str) -> None:
@@ -385,6 +436,19 @@ def _hostile(root: Path, how: str) -> None:
     elif how == "kv dtype":
         conf = json.loads((llm / "config.json").read_text())
         (llm / "config.json").write_text(json.dumps({**conf, "kv_cache_dtype": "fp8"}))
+    elif how in GRAPHS:
+        external_data_graph(llm, b"\0" * 64, **GRAPHS[how])
+    elif how == "not a graph":
+        (llm / "model.onnx").write_bytes(b"\xff" * 40)
+
+
+# external-data paths a hostile graph could give the engine builder to read
+GRAPHS: dict[str, dict[str, Any]] = {
+    "data outside": {"location": "../../../etc/passwd"},
+    "data absolute": {"location": "/home/user/.ssh/id_rsa"},
+    "data elsewhere": {"location": "tokenizer.json"},
+    "data past its end": {"length": 128},
+}
 
 
 @pytest.mark.parametrize(
@@ -403,6 +467,11 @@ def _hostile(root: Path, how: str) -> None:
         ("context", "a KV cache of 1024 tokens is more than the model's 1,000"),
         ("nan", "NaN"),
         ("kv dtype", "kv_cache_dtype 'fp8' is not engine.json's fp16"),
+        ("data outside", r"keeps its data in '\.\./\.\./\.\./etc/passwd', not model.onnx.data"),
+        ("data absolute", r"keeps its data in '/home/user/\.ssh/id_rsa'"),
+        ("data elsewhere", "keeps its data in 'tokenizer.json'"),
+        ("data past its end", "reads bytes 0..128 of model.onnx.data, which holds 64"),
+        ("not a graph", "not an ONNX model"),
     ],
 )
 def test_hostile_export_folders_are_refused(tmp_path: Path, how: str, message: str) -> None:

@@ -31,6 +31,7 @@ from edgekit.converters.tensorrt.folder import ExportFolder, read_export
 from edgekit.converters.tensorrt.settings import EDGELLM_VERSION, ENGINE_JSON, EngineSettings
 from edgekit.targets import tensorrt_device as device
 from edgekit.targets import tensorrt_engine as cache
+from edgekit.targets import tensorrt_memory as memory
 from edgekit.targets.tensorrt import TensorRtTarget
 from edgekit.targets.tensorrt_runtime import TensorRtSession
 
@@ -49,13 +50,14 @@ VOCAB = 512
 RTX = "NVIDIA GeForce RTX 4090 (SM 8.9)"
 
 
-# --- an export folder: the real layout, a tiny real tokenizer, stand-in graph bytes ----------
+# --- an export folder: the real layout, a tiny real tokenizer, a one-node graph -------------
 
 
 def write_export(root: Path, family: str = "llama", **settings: Any) -> Path:
-    """A variant folder as the exporter writes it (llm/ + engine.json). The graph files
-    hold stand-in bytes: nothing here parses them (the native builder does)."""
-    from tests.builders import safetensors_bytes
+    """A variant folder as the exporter writes it (llm/ + engine.json). The graph is a
+    one-node ONNX model whose weight lies in model.onnx.data, as the exporter's do: the
+    operators are the native builder's to read, the external-data paths edgekit's."""
+    from tests.builders import external_data_graph, safetensors_bytes
 
     llm = root / "llm"
     llm.mkdir(parents=True)
@@ -85,8 +87,7 @@ def write_export(root: Path, family: str = "llama", **settings: Any) -> Path:
     (llm / "embedding.safetensors").write_bytes(
         safetensors_bytes({"embedding": ((VOCAB, 64), "F16")})
     )
-    (llm / "model.onnx").write_bytes(b"onnx graph stand-in")
-    (llm / "model.onnx.data").write_bytes(bytes(range(256)) * 64)
+    external_data_graph(llm, bytes(range(256)) * 64)  # the graph's shape, no operators
     base = EngineSettings(
         precision="F16",
         max_batch_size=1,
@@ -287,7 +288,9 @@ def test_the_memory_prediction_counts_weights_kv_runtime_and_workspace(
     # batch 1 x 384 positions x 2 layers x K and V x 2 KV heads x 16 dims x 2 bytes
     assert need.kv_cache == 1 * 384 * 2 * 2 * 2 * 16 * 2
     assert need.weights == export.data_bytes + export.onnx_bytes + export.embedding_bytes
-    assert need.total == need.weights + need.kv_cache + cache.RUNTIME_BYTES + cache.WORKSPACE_BYTES
+    assert (
+        need.total == need.weights + need.kv_cache + memory.RUNTIME_BYTES + memory.WORKSPACE_BYTES
+    )
 
 
 def test_load_overrides_are_bounded_by_the_model(export: ExportFolder) -> None:
@@ -846,3 +849,78 @@ def test_the_soc_is_read_inside_a_recorded_tree(tmp_path: Path) -> None:
     compat.unlink()
     compat.symlink_to(Path("../../../../..") / outside.relative_to(tmp_path) / "compatible")
     assert device.jetson_soc(tree) == "unknown SoC"  # a link out of the tree is not read
+
+
+# --- second review: precision on the device, obsolete engines ---------------------------------
+
+
+def test_a_precision_the_gpu_cannot_run_is_refused_before_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: FakeNative
+) -> None:
+    """An FP8 engine.json on an Orin (SM 8.7): the build would fail minutes later."""
+    import edgekit.targets.tensorrt as target_module
+
+    builder = FakeBuilder()
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(target_module, "load_native", lambda: native)
+    monkeypatch.setattr(device, "NativeBuilder", lambda rt: builder)
+    orin = device.Gpu(
+        device="NVIDIA Jetson Orin Nano (ORIN)", available_bytes=6 * GIB, jetson=True,
+        power_mode="15W", sm=87,
+    )  # fmt: skip
+    monkeypatch.setattr(device, "find_gpu", lambda: orin)
+    variant = write_export(tmp_path / "fp8", precision="FP8")
+    with pytest.raises(
+        TargetUnavailableError, match=r"FP8 engines \(SM 8.7 runs F16, INT8, INT4\)"
+    ):
+        TensorRtTarget.load(variant)
+    assert builder.calls == []
+    ada = replace(orin, device=RTX, jetson=False, sm=89)
+    monkeypatch.setattr(device, "find_gpu", lambda: ada)
+    with TensorRtTarget.load(variant) as s:  # SM 8.9 runs FP8
+        assert s.info.settings["engine_built"]
+
+
+def test_a_jetson_gpu_has_its_chips_sm(tmp_path: Path) -> None:
+    tree = tmp_path / "root"
+    (tree / "proc/device-tree").mkdir(parents=True)
+    (tree / "proc/device-tree/model").write_bytes(b"NVIDIA Jetson AGX Orin Developer Kit\0")
+    (tree / "proc/device-tree/compatible").write_bytes(b"nvidia,p3737-0000\0nvidia,tegra234\0")
+    assert device.find_gpu(tree).sm == 87
+    (tree / "proc/device-tree/compatible").write_bytes(b"nvidia,tegra999\0")
+    assert device.find_gpu(tree).sm is None  # unknown: nothing refused on its account
+
+
+def test_an_upgrade_removes_the_engines_it_made_unusable(
+    export: ExportFolder, tmp_path: Path
+) -> None:
+    """After TensorRT 10.3.0 -> 10.7.0 the 10.3.0 engine can never run here again: it goes.
+    Another settings' engine and another GPU's stay (switching back reuses them)."""
+    root = tmp_path / "engines"
+    old, _ = _prepare(export, FakeBuilder(), root)
+    other = cache.effective_settings(export.settings, 1024, max_input=512)
+    old_settings, _ = _prepare(export, FakeBuilder(), root, settings=other)
+    other_gpu, _ = _prepare(export, FakeBuilder(device="NVIDIA RTX A2000 (SM 8.6)"), root)
+    new, _ = _prepare(export, FakeBuilder(tensorrt="10.7.0"), root)
+    assert new.built and new.path.is_dir()
+    assert not old.path.exists() and not old_settings.path.exists()  # both 10.3.0, this GPU
+    assert other_gpu.path.is_dir()
+    again, _ = _prepare(export, FakeBuilder(tensorrt="10.7.0"), root)
+    assert not again.built
+
+
+def test_an_engine_in_use_by_another_loader_is_not_removed(
+    export: ExportFolder, tmp_path: Path
+) -> None:
+    import fcntl
+    import os
+
+    root = tmp_path / "engines"
+    old, _ = _prepare(export, FakeBuilder(), root)
+    fd = os.open(root / f"{old.key}.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process building or checking it
+    try:
+        _prepare(export, FakeBuilder(tensorrt="10.7.0"), root)
+    finally:
+        os.close(fd)
+    assert old.path.is_dir()

@@ -50,7 +50,9 @@ def _check_export(req: ConvertRequest) -> None:
     the export cannot express, the family, the source folder (one an earlier step
     writes is checked when it exists), the tool environment."""
     quant = _check_quant(req.quant)
-    settings_from_recipe(quant, req.recipe, req.spec)
+    # the very settings the run computes (the pack's context included), so the run never
+    # fails on a setting the check passed
+    settings_from_recipe(quant, req.recipe, req.spec, context=req.context)
     recipe = req.recipe
     if recipe is not None:
         unsupported = set_options(

@@ -12,7 +12,8 @@ The layout is what ``tensorrt-edgellm-export`` writes plus edgekit's settings::
 A variant comes from a bundle edgekit did not write itself, so every entry must be a
 regular file (no link, FIFO or device), of a bounded size, with no stray entries under
 ``llm/``; config.json is strict JSON with integer dims inside edgekit's model bounds,
-agreeing with the embedding's shape and the settings. The engine builder (the target's)
+agreeing with the embedding's shape and the settings; model.onnx's external data lies in
+model.onnx.data only (onnx_refs). The engine builder (the target's)
 and the export's own check (the converter's) both read it through ``read_export``.
 """
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekit.converters.tensorrt.onnx_refs import check_external_data
 from edgekit.converters.tensorrt.settings import ENGINE_JSON, EngineSettings
 
 from edgekit.atomic import write_atomic
@@ -211,7 +213,9 @@ def read_export(path: Path) -> ExportFolder:
         ModelNotFoundError: ``path`` is not a folder.
         ModelFormatError: an entry is missing, a link, not a regular file, oversized or
             unexpected; engine.json or config.json is malformed or disagrees; the
-            embedding's shape is not [vocab, hidden].
+            embedding's shape is not [vocab, hidden]; model.onnx is not an ONNX graph or
+            names external data other than model.onnx.data (onnx_refs).
+        TargetUnavailableError: the onnx package is missing.
     """
     if not path.is_dir():
         raise ModelNotFoundError(
@@ -224,6 +228,10 @@ def read_export(path: Path) -> ExportFolder:
     )
     config = _config(path, settings)
     _embedding(path, config)
+    # the graph's external-data paths: the builder would read whatever they name
+    check_external_data(
+        _read(path, f"{LLM}/{ONNX}", FILES[ONNX]), str(path / LLM / ONNX), DATA, sizes[DATA], HINT
+    )
     return ExportFolder(
         root=path,
         llm=path / LLM,

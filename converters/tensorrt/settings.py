@@ -230,8 +230,8 @@ def settings_from_recipe(
     given_in = _option(recipe, "max_input")
     if given_in is not None:
         inp = given_in
-    elif context is not None:
-        inp = max(INPUT[0], limit - out)
+    elif context is not None:  # the rest of the packed context, within the builder's bound
+        inp = min(INPUT[1], max(INPUT[0], limit - out))
     else:
         inp = min(DEFAULT_INPUT, max(INPUT[0], limit - out))
     context = spec.context_length

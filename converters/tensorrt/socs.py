@@ -39,8 +39,8 @@ class Chip:
     source: str
 
 
-def _by_sm(sm: int) -> tuple[str, ...]:
-    """The precisions an SM runs, by the support matrix's rule."""
+def precisions_for_sm(sm: int) -> tuple[str, ...]:
+    """The precisions an SM (compute capability x10) runs, by the support matrix's rule."""
     out = [F16, INT8, INT4]
     if sm >= FP8_SM:
         out.append(FP8)
@@ -50,7 +50,9 @@ def _by_sm(sm: int) -> tuple[str, ...]:
 
 
 def _chip(key: str, name: str, sm: int, source: str) -> Chip:
-    return Chip(key=key, name=name, sm=sm, precisions=_by_sm(sm), source=f"{source}; {_MATRIX}")
+    return Chip(
+        key=key, name=name, sm=sm, precisions=precisions_for_sm(sm), source=f"{source}; {_MATRIX}"
+    )
 
 
 CHIPS: dict[str, Chip] = {

@@ -133,18 +133,42 @@ def _write_f16(locations: list[TensorLocation], path: Path) -> None:
                 )
                 with np.errstate(over="ignore"):  # overflow is refused just below
                     half = data.astype(np.float16)
-                if not np.isfinite(half).all() and np.isfinite(data).all():
-                    raise UnsupportedConversionError(
-                        f"{loc.info.name}: values beyond f16's range (65504), which an F16 "
-                        "engine cannot hold",
-                        hint="this model needs a BF16 or quantized engine edgekit does not build",
-                    )
+                # element by element: a source inf elsewhere must not hide an overflow
+                if (np.isfinite(half) != np.isfinite(data)).any():
+                    raise _beyond_f16(loc.info.name)
                 half.tofile(f)
                 del data, half
             else:
+                if loc.info.dtype == "BF16":
+                    _check_bf16_range(loc)  # the exporter casts it to the engine's F16
                 with open(loc.file, "rb") as g:
                     g.seek(loc.offset)
                     _copy(g, f, loc.info.nbytes)
+
+
+F16_MAX = 65504.0
+_BF16_CHUNK = 1 << 24  # elements upcast at a time (64 MiB of float32)
+
+
+def _beyond_f16(name: str) -> UnsupportedConversionError:
+    return UnsupportedConversionError(
+        f"{name}: values beyond f16's range ({F16_MAX:g}), which an F16 engine cannot hold",
+        hint="this model needs a BF16 or quantized engine edgekit does not build",
+    )
+
+
+def _check_bf16_range(loc: TensorLocation) -> None:
+    """Refuse a BF16 tensor holding a finite value an F16 engine would turn into inf (bf16
+    shares f32's exponent range; the exporter casts to f16 without saying so)."""
+    import numpy as np
+
+    raw = np.memmap(loc.file, dtype=np.uint16, mode="r", offset=loc.offset, shape=(loc.info.numel,))
+    for start in range(0, raw.shape[0], _BF16_CHUNK):
+        values = (raw[start : start + _BF16_CHUNK].astype(np.uint32) << 16).view(np.float32)
+        finite = values[np.isfinite(values)]
+        if finite.size and float(np.abs(finite).max()) > F16_MAX:
+            raise _beyond_f16(loc.info.name)
+    del raw
 
 
 def _copy(src: Any, dest: Any, n: int) -> None:

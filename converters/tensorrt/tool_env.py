@@ -4,7 +4,8 @@
 own environment cannot hold beside the OpenVINO stack (transformers <= 5.5): the export
 runs from its own virtual environment (``edgekit tools install tensorrt-export``, or
 ``.ci/setup``), created from the pins in ``export-requirements.txt``. torch comes first
-and pinned, so pip takes the CPU build rather than a multi-GB CUDA one.
+and pinned; pip takes the CPU build where one is on its path (this project's machines),
+else PyPI's, which on x86_64 Linux is the CUDA build (docs/tensorrt.md says how to avoid it).
 """
 
 from __future__ import annotations
@@ -19,5 +20,5 @@ EXPORT_ENV = ToolEnv(
     requirements=Path(__file__).with_name("export-requirements.txt"),
     scripts=(EXPORT_SCRIPT,),
     description="NVIDIA TensorRT Edge-LLM exporter (HF folder -> Edge-LLM ONNX export; "
-    "torch CPU, transformers 5.14.1, onnx 1.19.0; about 1.8 GB)",
+    "torch, transformers 5.14.1, onnx 1.19.0; about 1.8 GB with torch's CPU build)",
 )

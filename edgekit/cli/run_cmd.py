@@ -21,13 +21,30 @@ def _load(
     force: bool,
 ) -> Any:
     import edgekit
+    from edgekit.cli.progress import progress_bars
 
     settings: dict[str, Any] = {}
     if context:
         settings["context"] = context
     if threads:
         settings["threads"] = threads
-    return edgekit.load(bundle, variant=variant, device=device, force=force, **settings)
+    # bars on stderr while loading (a TensorRT engine is built on the first load: minutes),
+    # and what the load did that a user should know (an engine built, and why)
+    with progress_bars() as progress:
+        session = edgekit.load(
+            bundle, variant=variant, device=device, force=force, progress=progress, **settings
+        )
+    _say_engine(session)
+    return session
+
+
+def _say_engine(session: Any) -> None:
+    """One stderr line when the load built an engine, with the reason (first build, a new
+    TensorRT, changed settings): a user sees why this load took minutes."""
+    built = session.info.settings.get("engine_built")
+    if built:
+        reason = session.info.settings.get("engine_reason", "")
+        err_console.print(render.text(f"engine built: {reason}", "dim"))
 
 
 def load_options(f: Any) -> Any:
