@@ -28,11 +28,44 @@ if TYPE_CHECKING:
 QUESTION = "What do bees make?"
 EXPECTED_WORD = "honey"
 ANSWER_TOKENS = 48
-# A repetition loop: the same three words again and again. The same build's answer to
-# "What is the capital of France?" says "capital of France" four times in 60 tokens (a
-# loop this check flags); the bees answer repeats no word trigram.
+# A repetition loop: the same words again and again. The same build's answer to "What is
+# the capital of France?" says "capital of France" four times in 60 tokens (a loop this
+# check flags). The greedy answer depends on the CPU's INT4 kernels: the answer above was
+# measured on an Intel CPU with AMX; on an AMD EPYC (AVX-512 VNNI) the same variant answers
+# "Bees make a variety of delicious ... as well as various other products, including wax,
+# pollen, and a variety of other ingredients", where the idiom "a variety of" comes three
+# times across 48 tokens: coherent, not a loop. So a loop is a trigram that comes back
+# MAX_TRIGRAM_REPEATS + 1 times within LOOP_WINDOW words, or an answer whose last
+# LOOP_TAIL words repeat with a period of at most LOOP_PERIOD words.
 MAX_TRIGRAM_REPEATS = 2
+LOOP_WINDOW = 20
+LOOP_TAIL, LOOP_PERIOD = 16, 8
 MIN_DISTINCT_WORDS = 0.5
+
+
+def loop_in(words: list[str]) -> str:
+    """What makes ``words`` a repetition loop ("" when nothing does)."""
+    for start in range(max(1, len(words) - LOOP_WINDOW + 1)):
+        window = words[start : start + LOOP_WINDOW]
+        trigrams = Counter(zip(window, window[1:], window[2:], strict=False))
+        if trigrams and max(trigrams.values()) > MAX_TRIGRAM_REPEATS:
+            return f"{trigrams.most_common(1)[0]} within {LOOP_WINDOW} words"
+    tail = words[-LOOP_TAIL:]
+    for period in range(1, LOOP_PERIOD + 1):
+        if len(tail) == LOOP_TAIL and all(
+            tail[i] == tail[i - period] for i in range(period, LOOP_TAIL)
+        ):
+            return f"ends repeating every {period} words"
+    return ""
+
+
+def test_the_loop_check_flags_loops_and_passes_idioms() -> None:
+    looping = "the capital of france is paris and the capital of france is paris and".split()
+    assert loop_in(looping * 2)
+    assert loop_in("honey is sweet and".split() + ["honey", "is"] * 8)
+    spread = "bees make a variety of foods such as honey which is a sweet liquid made from".split()
+    spread += "nectar and a variety of flowers give them wax pollen and a variety of".split()
+    assert not loop_in(spread)
 
 # edgekit eval (the CLI's defaults but 2 windows of 256 tokens, to stay short), against the
 # fp32 Hugging Face source through transformers. Measured here (ONNX INT4, blocks of 32):
@@ -101,8 +134,7 @@ def test_int4_variant_generates_coherent_text(int4_bundle: Path) -> None:
     words = reply.text.lower().replace(",", " ").replace(".", " ").split()
     assert reply.completion_tokens >= 16, reply
     assert EXPECTED_WORD in words, reply.text
-    trigrams = Counter(zip(words, words[1:], words[2:], strict=False))
-    assert max(trigrams.values()) <= MAX_TRIGRAM_REPEATS, (trigrams.most_common(3), reply.text)
+    assert not loop_in(words), (loop_in(words), reply.text)
     assert len(set(words)) >= MIN_DISTINCT_WORDS * len(words), reply.text
 
 
