@@ -59,13 +59,18 @@ def loop_in(words: list[str]) -> str:
     return ""
 
 
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
 def test_the_loop_check_flags_loops_and_passes_idioms() -> None:
-    looping = "the capital of france is paris and the capital of france is paris and".split()
+    looping = _words("the capital of france is paris and the capital of france is paris and")
     assert loop_in(looping * 2)
-    assert loop_in("honey is sweet and".split() + ["honey", "is"] * 8)
-    spread = "bees make a variety of foods such as honey which is a sweet liquid made from".split()
-    spread += "nectar and a variety of flowers give them wax pollen and a variety of".split()
+    assert loop_in(_words("honey is sweet and") + ["honey", "is"] * 8)
+    spread = _words("bees make a variety of foods such as honey which is a sweet liquid made")
+    spread += _words("from nectar and a variety of flowers give them wax pollen and a variety of")
     assert not loop_in(spread)
+
 
 # edgekit eval (the CLI's defaults but 2 windows of 256 tokens, to stay short), against the
 # fp32 Hugging Face source through transformers. Measured here (ONNX INT4, blocks of 32):
