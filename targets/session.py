@@ -29,6 +29,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from edgekit.targets import checks
+from edgekit.targets.batch_loop import BatchLoop, BatchStats
+from edgekit.targets.batching import BatchRuntime
 from edgekit.targets.generation import LocalGeneration, PromptMaker
 from edgekit.targets.handles import CancelToken, ClosedOnExit, GenerationHandle
 from edgekit.targets.runtime_calls import (
@@ -73,6 +75,23 @@ class Session(ClosedOnExit):
     def __init__(self) -> None:
         self._scheduler = Scheduler()
         self._ended = False  # closed: no generation may start (the runtime is freed)
+        # continuous batching (``_use_batching``): generations run together in a loop
+        self._batch: BatchLoop | None = None
+
+    def _use_batching(self, runtime: BatchRuntime) -> None:
+        """From now on generations run through ``runtime``, several at once, on a loop
+        thread of their own (targets/batch_loop.py); ``logits`` and ``clear_cache`` keep
+        the single-stream runtime. A target's ``load`` calls this for ``parallel`` > 1."""
+        self._batch = BatchLoop(runtime, self)
+
+    @property
+    def parallel(self) -> int:
+        """How many generations run at once (1: one at a time, the others queued)."""
+        return self._batch.slots if self._batch is not None else 1
+
+    def batch_stats(self) -> BatchStats | None:
+        """Running and waiting generations of a batched session (None: not batched)."""
+        return self._batch.stats() if self._batch is not None else None
 
     @property
     def _cancel(self) -> CancelToken:
@@ -88,6 +107,8 @@ class Session(ClosedOnExit):
         holder = self._scheduler.holder()
         if holder is not None and holder.cancel is not None:
             holder.cancel.set()
+        if self._batch is not None:
+            self._batch.cancel_running()
 
     # --- what each runtime implements (called with checked arguments) --------------------
 
@@ -144,6 +165,8 @@ class Session(ClosedOnExit):
         until it ends, is cancelled, closed or dropped."""
         self._refuse_closed()
         params = sampling_from(sampling, overrides)
+        if self._batch is not None:
+            return self._batch.generation(self._prompt_maker(prompt), params)
         return LocalGeneration(self, self._prompt_maker(prompt), params)
 
     def _refuse_closed(self) -> None:
@@ -232,6 +255,9 @@ class Session(ClosedOnExit):
         first, whichever thread reads it (it yields nothing more; one inside a token stops
         after it), and queued ones never start: close never waits on a stream that its
         reader left half-read, which would be forever."""
+        if self._batch is not None:  # its generations end cancelled, its runtime is freed
+            with backend_errors(target_of(self), "closing the batch"):
+                self._batch.close()
         for generation in self._scheduler.generations():
             generation.close()
         with self._scheduler.turn(), backend_errors(target_of(self), "closing"):
