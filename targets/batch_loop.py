@@ -252,6 +252,7 @@ class BatchedGeneration(GenerationHandle):
         self._reason: FinishReason | None = None
         self._error: BaseException | None = None
         self.cached_tokens = 0  # prompt tokens the runtime reused from a cached prefix
+        self.token_ids: list[int] = []  # the generated ids, as the runtime gave them
 
     @property
     def state(self) -> HandleState:
@@ -334,6 +335,7 @@ class BatchedGeneration(GenerationHandle):
         ids = event.tokens[:room]
         text, stopped = self._text.feed(ids) if self._text is not None else ("", False)
         self._count += len(ids)
+        self.token_ids.extend(ids)
         self._pieces.append(text)
         if stopped:
             return self._end_here(text, len(ids), "stop")

@@ -19,6 +19,7 @@ def _load(
     context: int | None,
     threads: int | None,
     force: bool,
+    parallel: int | None = None,
 ) -> Any:
     import edgekit
     from edgekit.cli.progress import progress_bars
@@ -28,6 +29,8 @@ def _load(
         settings["context"] = context
     if threads:
         settings["threads"] = threads
+    if parallel is not None and parallel > 1:  # 1: the single-stream session
+        settings["parallel"] = parallel
     # bars on stderr while loading (a TensorRT engine is built on the first load: minutes),
     # and what the load did that a user should know (an engine built, and why)
     with progress_bars() as progress:
@@ -266,6 +269,12 @@ def _check_chat_template(session: Any, bundle: Path) -> None:
     type=int,
     help="Requests waiting or running before 503.",
 )
+@click.option(
+    "--parallel",
+    type=click.IntRange(1, 64),
+    help="Generations decoded together in one batch (continuous batching; 1: one at a "
+    "time). Each holds its own KV cache of the context.",
+)
 @load_options
 def serve_command(
     bundle: Path,
@@ -278,6 +287,7 @@ def serve_command(
     max_tokens_limit: int,
     max_request_bytes: int,
     queue_size: int,
+    parallel: int | None,
     variant: str | None,
     device: str,
     context: int | None,
@@ -291,6 +301,11 @@ def serve_command(
     from edgekit.errors import ServeError
     from edgekit.serve_config import ServeConfig, is_loopback
 
+    if parallel is not None and queue_size < parallel:
+        raise click.UsageError(
+            f"--queue-size {queue_size} is smaller than --parallel {parallel}: the slots could "
+            "never all be used"
+        )
     try:  # refused before the model is loaded: an open server is never started by mistake
         config = ServeConfig(
             model_name="",
@@ -314,7 +329,7 @@ def serve_command(
                 "who can reach this port can use the model",
             )
         )
-    with _load(bundle, variant, device, context, threads, force) as session:
+    with _load(bundle, variant, device, context, threads, force, parallel) as session:
         name = session.bundle.manifest.name
         err_console.print(
             render.line(
@@ -323,6 +338,7 @@ def serve_command(
                 " (",
                 render.name(session.variant.name),
                 f") on http://{host}:{port}/v1",
+                f", {session.parallel} generations at once" if session.parallel > 1 else "",
             )
         )
         edgekit.serve.serve(session, replace(config, model_name=name))
