@@ -5,14 +5,17 @@ Memory is admitted by ``edgekit.converters.planner.admission.load_fit``, the pre
 ``edgekit plan`` uses for the same variant, calibrated by this host's benchmarks as
 ``edgekit plan --device host`` is, so load and plan agree on what fits. A variant whose
 memory cannot be predicted (a quantization its format does not list) is loaded only
-when asked for by name or forced; choosing on its own, load skips it.
+when asked for by name or forced; choosing on its own, load skips it. A load of
+``parallel`` streams (continuous batching) is admitted for that many KV caches of the
+context; ``variant_parallel`` says how many a variant could hold here.
 """
 
 from __future__ import annotations
 
 from edgekit.bundle_open import verify_variants
-from edgekit.converters.planner.admission import Fit, load_fit, load_unit
+from edgekit.converters.planner.admission import Fit, load_fit, load_streams, load_unit
 from edgekit.converters.planner.calibration import this_host_key
+from edgekit.converters.planner.values import MAX_SUGGESTED_PARALLEL
 from edgekit.errors import (
     InsufficientMemoryError,
     ModelError,
@@ -50,10 +53,12 @@ def variant_fit(
     context: int | None = None,
     device: str = "auto",
     calibrate_for: str | None = None,
+    parallel: int = 1,
 ) -> Fit:
-    """Whether ``variant`` at ``context`` (default: its runtime setting) fits in
-    ``available_bytes`` on the unit ``device`` selects, and what it is predicted to take
-    (refitted to the benchmarks of ``calibrate_for``, a calibration device key, if given).
+    """Whether ``variant`` at ``context`` (default: its runtime setting) with ``parallel``
+    streams fits in ``available_bytes`` on the unit ``device`` selects, and what it is
+    predicted to take (refitted to the benchmarks of ``calibrate_for``, a calibration
+    device key, if given).
 
     Raises:
         BundleIntegrityError: the variant's files are missing or of the wrong size.
@@ -73,6 +78,41 @@ def variant_fit(
         available_bytes=available_bytes,
         unit_kind=unit,
         calibrate_for=calibrate_for,
+        cap=target.host_memory_cap(unit),
+        parallel=parallel,
+    )
+
+
+def variant_parallel(
+    opened: OpenedBundle,
+    variant: Variant,
+    *,
+    available_bytes: int,
+    context: int | None = None,
+    device: str = "auto",
+    most: int = MAX_SUGGESTED_PARALLEL,
+) -> int:
+    """The most streams, 0 to ``most``, of ``variant`` whose KV caches of ``context``
+    (default: its runtime setting) fit ``available_bytes`` beside its weights and runtime
+    on the unit ``device`` selects, calibrated for this host as load's admission is: the
+    default of ``edgekit serve --parallel``. 0: not even one.
+
+    Raises:
+        BundleIntegrityError, TargetError, UnsupportedConversionError: as ``variant_fit``.
+    """
+    verify_variants(opened.folder, (variant,), checksums=False)
+    target = get_target(variant.target)
+    unit = unit_kind(target, device)
+    return load_streams(
+        inspect_model(opened.variant_path(variant)),
+        target,
+        variant.quant,
+        context=context or variant.runtime.context,
+        kv_cache=variant.runtime.kv_cache,
+        available_bytes=available_bytes,
+        unit_kind=unit,
+        most=most,
+        calibrate_for=this_host_key(),
         cap=target.host_memory_cap(unit),
     )
 
@@ -144,8 +184,10 @@ def choose_variant(
     context: int | None = None,
     device: str = "auto",
     force: bool = False,
+    parallel: int = 1,
 ) -> Variant:
-    """The requested variant, or the highest-quality one this host can run and hold.
+    """The requested variant, or the highest-quality one this host can run and hold
+    with ``parallel`` streams (each a KV cache of the context).
 
     ``runnable``: the names of the targets usable here.
 
@@ -168,6 +210,7 @@ def choose_variant(
                 context=context,
                 device=device,
                 calibrate_for=key,
+                parallel=parallel,
             )
         except UnsupportedConversionError as exc:
             if force or requested is not None:
@@ -184,7 +227,9 @@ def choose_variant(
             + ")",
             hint="load one by name (variant=...) or with force=True (--force)",
         )
-    raise _too_large(opened, *fits[0], runnable, available_bytes, context, device, key)
+    raise _too_large(
+        opened, *fits[0], runnable, available_bytes, context, device, key, parallel=parallel
+    )
 
 
 def _too_large(
@@ -196,8 +241,11 @@ def _too_large(
     context: int | None,
     device: str,
     key: str | None,
+    *,
+    parallel: int = 1,
 ) -> InsufficientMemoryError:
-    """The refusal of ``variant``: by how much it is short, and what would fit instead."""
+    """The refusal of ``variant``: by how much it is short, and what would fit instead
+    (fewer streams of it, first, when several were asked for)."""
     fitting = []
     for o in opened.manifest.variants:
         if o.target not in runnable:
@@ -210,22 +258,36 @@ def _too_large(
                 context=context,
                 device=device,
                 calibrate_for=key,
+                parallel=parallel,
             )
         except UnsupportedConversionError:
             continue  # not suggested: its memory cannot be predicted
         if f.fits:
             fitting.append((o.name, f.memory_bytes))
+    fewer = 0
+    if parallel > 1:
+        fewer = variant_parallel(
+            opened,
+            variant,
+            available_bytes=available_bytes,
+            context=context,
+            device=device,
+            most=parallel - 1,
+        )
+    options = [f"parallel={fewer} would fit"] if fewer else []
     if fitting:
-        suggestion = f"variant {fitting[0][0]} ({fitting[0][1] / GB:.2f} GB) would fit"
-    else:
-        suggestion = f"{_smaller_formats(variant)} or a shorter context would be needed"
+        options.append(f"variant {fitting[0][0]} ({fitting[0][1] / GB:.2f} GB) would fit")
+    suggestion = "; or ".join(options) or (
+        f"{_smaller_formats(variant)} or a shorter context would be needed"
+    )
     need, limit = fit.memory_bytes, fit.limit_bytes
+    streams = f" for {parallel} streams" if parallel > 1 else ""
     whose = f" ({fit.cap_why})" if fit.cap_why else ""
     # the target holds a load to its own cap too (a Mac's working set: past it the GPU
     # swaps or faults), so force does not get past it: raising the cap does
     then = f"; or {fit.cap_hint}" if fit.cap_hint else "; force=True (--force) loads it anyway"
     return InsufficientMemoryError(
-        f"variant {variant.name} needs {need / GB:.2f} GB (predicted); this host has "
+        f"variant {variant.name} needs {need / GB:.2f} GB (predicted){streams}; this host has "
         f"{limit / GB:.2f} GB available{whose}: {(need - limit) / GB:.2f} GB short",
         hint=f"{suggestion}{then}",
     )

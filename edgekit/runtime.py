@@ -20,9 +20,10 @@ from typing import Any
 
 import psutil
 
-from edgekit.bundle_choose import choose_variant
+from edgekit.bundle_choose import choose_variant, variant_parallel
 from edgekit.bundle_open import open_bundle, verify_variants
-from edgekit.errors import SettingError
+from edgekit.converters.planner.values import MAX_PARALLEL
+from edgekit.errors import SettingError, UnsupportedConversionError
 from edgekit.manifest import OpenedBundle
 from edgekit.progress import ProgressCallback
 from edgekit.targets import checks
@@ -48,6 +49,8 @@ def load(
     """Open ``bundle`` (folder or .tar) and load a variant; returns a Session.
 
     ``settings`` override the bundle's runtime settings (context, threads, kv_cache, ...).
+    ``parallel`` (where the target takes it): generations decoded together, each with its
+    own KV cache of the context; memory is admitted for all of them.
     ``progress`` receives the load's ProgressEvents where the target reports any (a
     TensorRT engine built on the first load: minutes); other targets load without.
 
@@ -69,6 +72,8 @@ def load(
         )
     if settings.get("context") is not None:
         settings["context"] = checks.integer("context", settings["context"], low=1)
+    if settings.get("parallel") is not None:
+        settings["parallel"] = check_parallel(settings["parallel"])
     opened = open_bundle(bundle)
     chosen = choose_variant(
         opened,
@@ -78,6 +83,7 @@ def load(
         context=settings.get("context"),
         device=device,
         force=force,
+        parallel=settings.get("parallel") or 1,
     )
     target = get_target(chosen.target)
     _check_names(settings, target.load_settings)
@@ -102,6 +108,59 @@ def load(
     session.bundle = opened
     session.variant = chosen
     return session
+
+
+def check_parallel(value: Any) -> int:
+    """``parallel`` as an int from 1 to MAX_PARALLEL (64).
+
+    Raises:
+        SettingError: not an integer, below 1, or above 64.
+    """
+    number = checks.integer("parallel", value, low=1)
+    if number > MAX_PARALLEL:
+        raise SettingError(
+            f"parallel {number} is more than edgekit decodes together ({MAX_PARALLEL})",
+            hint=f"pass parallel from 1 to {MAX_PARALLEL}: each stream holds a KV cache of the "
+            "context, so a few streams usually use the memory up first",
+        )
+    return number
+
+
+def suggest_parallel(
+    bundle: str | Path,
+    variant: str | None = None,
+    device: str = "auto",
+    *,
+    context: int | None = None,
+) -> int:
+    """The streams ``edgekit.load(bundle, variant, device, context=context)`` could
+    decode together here: the variant load would choose (one stream), and the most
+    streams, up to 8, whose KV caches of the context fit the memory available now beside
+    its weights and runtime (``bundle_choose.variant_parallel``, load's own admission
+    formula). At least 1 when a variant is chosen: one stream is what load admits alone.
+
+    Raises:
+        BundleError, InsufficientMemoryError, TargetError: as ``load`` choosing a variant.
+    """
+    if context is not None:
+        context = checks.integer("context", context, low=1)
+    opened = open_bundle(bundle)
+    available = psutil.virtual_memory().available
+    chosen = choose_variant(
+        opened,
+        requested=variant,
+        available_bytes=available,
+        runnable=_runnable_here(opened),
+        context=context,
+        device=device,
+    )
+    try:
+        streams = variant_parallel(
+            opened, chosen, available_bytes=available, context=context, device=device
+        )
+    except UnsupportedConversionError:  # asked for by name, memory not predictable
+        return 1
+    return max(streams, 1)
 
 
 def _runnable_here(opened: OpenedBundle) -> set[str]:

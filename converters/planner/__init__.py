@@ -2,12 +2,12 @@
 explained; and the one predictor of memory, decode, prefill, watts and J/token that plan,
 pack, load's admission check and calibration share.
 
-    plan        plan(), plan_for(): candidates, budgets, the pick
+    plan        plan(), plan_for(): candidates, budgets, the pick; suggest_parallel()
     values      Budgets, Candidate, Plan
     candidates  one candidate, held to the budgets and the device's limits
     ranking     tiers, ranking, the plan's summary
     predict     Unit, Prediction, predict(), decode/prefill/J-per-token
-    memory      the KV cache a target allocates, resident memory
+    memory      the KV cache a target allocates, resident memory (per stream, too)
     admission   load_fit(): does a built variant fit this host now
     calibration bench results as samples per host; fitting: samples -> coefficients
     quality     expected loss per format, refined by local measurements
@@ -16,13 +16,28 @@ pack, load's admission check and calibration share.
 
 from __future__ import annotations
 
-from edgekit.converters.planner.plan import plan, plan_for, resolve_device, with_budget_defaults
+from edgekit.converters.planner.plan import (
+    plan,
+    plan_for,
+    resolve_device,
+    suggest_parallel,
+    with_budget_defaults,
+)
 from edgekit.converters.planner.predict import Prediction, Unit
 from edgekit.converters.planner.ranking import describe
-from edgekit.converters.planner.values import DEFAULT_CONTEXT, Budgets, Candidate, Plan
+from edgekit.converters.planner.values import (
+    DEFAULT_CONTEXT,
+    MAX_PARALLEL,
+    MAX_SUGGESTED_PARALLEL,
+    Budgets,
+    Candidate,
+    Plan,
+)
 
 __all__ = [
     "DEFAULT_CONTEXT",
+    "MAX_PARALLEL",
+    "MAX_SUGGESTED_PARALLEL",
     "Budgets",
     "Candidate",
     "Plan",
@@ -32,5 +47,6 @@ __all__ = [
     "plan",
     "plan_for",
     "resolve_device",
+    "suggest_parallel",
     "with_budget_defaults",
 ]

@@ -6,6 +6,8 @@ the context, and its runtime buffers (``memory.resident_bytes``), on the compute
 variant is loaded on. ``edgekit plan`` decides fit for the same variant, context and KV
 type with the same formula, so a variant the plan rejects for a device is one load
 refuses on a host whose free memory is that device's limit (tests/test_one_predictor.py).
+A load of ``parallel`` streams (continuous batching) is admitted for that many KV caches,
+as a plan with ``Budgets.parallel`` counts them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ from dataclasses import dataclass
 
 from edgekit.converters.planner import calibration
 from edgekit.converters.planner.fitting import fit
-from edgekit.converters.planner.memory import kv_cache_bytes, resident_bytes
+from edgekit.converters.planner.memory import (
+    kv_cache_bytes,
+    resident_bytes,
+    stream_runtime_bytes,
+    streams_that_fit,
+)
 from edgekit.targets.contract import Coefficients, MemoryCap, Target
 
 from edgekit.devices import GIB
@@ -70,9 +77,12 @@ class VariantMemory:
     """A built variant's predicted memory, and what it is made of."""
 
     weights_bytes: int  # the variant's tensors
-    kv_cache_bytes: int  # as the target allocates it at the context
+    kv_cache_bytes: int  # one stream's, as the target allocates it at the context
     runtime_bytes: int
-    memory_bytes: int  # resident: weights x residency + KV x scale + runtime
+    # resident: weights x residency + parallel x KV x scale + runtime (+ a row of logits
+    # per stream beyond the first)
+    memory_bytes: int
+    parallel: int = 1
 
 
 def memory_parts(
@@ -84,11 +94,12 @@ def memory_parts(
     kv_cache: str,
     unit_kind: str,
     calibrate_for: str | None = None,
+    parallel: int = 1,
 ) -> VariantMemory:
     """Predicted memory of the built variant ``spec`` (its file or folder, inspected) of
-    ``target`` in ``quant``, loaded on ``unit_kind`` at ``context``, part by part: what
-    load admits by, and what pack records as a variant's predicted memory when no plan
-    predicted it."""
+    ``target`` in ``quant``, loaded on ``unit_kind`` at ``context`` with ``parallel``
+    streams, part by part: what load admits by, and what pack records as a variant's
+    predicted memory when no plan predicted it."""
     c = variant_coefficients(spec, target, unit_kind, calibrate_for=calibrate_for)
     weights = target.format.built_layout(spec, quant).total_bytes
     kv = kv_cache_bytes(spec, context, kv_cache, layout=target.kv_cache)
@@ -96,7 +107,44 @@ def memory_parts(
         weights_bytes=weights,
         kv_cache_bytes=kv,
         runtime_bytes=c.runtime_bytes,
-        memory_bytes=resident_bytes(weights, kv, c),
+        memory_bytes=resident_bytes(
+            weights, kv, c, streams=parallel, stream_bytes=stream_runtime_bytes(spec)
+        ),
+        parallel=parallel,
+    )
+
+
+def load_streams(
+    spec: ModelSpec,
+    target: type[Target],
+    quant: str,
+    *,
+    context: int,
+    kv_cache: str,
+    available_bytes: int,
+    unit_kind: str,
+    most: int,
+    calibrate_for: str | None = None,
+    cap: MemoryCap | None = None,
+) -> int:
+    """The most streams, 0 to ``most``, of the built variant ``spec`` whose KV caches of
+    ``context`` fit ``available_bytes`` (and the target's ``cap``) beside its weights and
+    runtime, by ``load_fit``'s formula; 0: not even one.
+
+    Raises:
+        TargetError, UnsupportedConversionError: as ``load_fit``.
+    """
+    c = variant_coefficients(spec, target, unit_kind, calibrate_for=calibrate_for)
+    weights = target.format.built_layout(spec, quant).total_bytes
+    kv = kv_cache_bytes(spec, context, kv_cache, layout=target.kv_cache)
+    limit = min(available_bytes, cap.bytes) if cap is not None else available_bytes
+    return streams_that_fit(
+        weights,
+        kv,
+        c,
+        limit,
+        stream_bytes=stream_runtime_bytes(spec),
+        most=most,
     )
 
 
@@ -111,9 +159,11 @@ def load_fit(
     unit_kind: str,
     calibrate_for: str | None = None,
     cap: MemoryCap | None = None,
+    parallel: int = 1,
 ) -> Fit:
-    """Whether the built variant ``spec`` fits ``available_bytes`` (and the target's own
-    ``cap`` on this host, when it is lower), by the plan's formula.
+    """Whether the built variant ``spec`` with ``parallel`` streams fits
+    ``available_bytes`` (and the target's own ``cap`` on this host, when it is lower), by
+    the plan's formula.
 
     Raises:
         TargetError: the target does not run on a unit of ``unit_kind``.
@@ -127,14 +177,16 @@ def load_fit(
         kv_cache=kv_cache,
         unit_kind=unit_kind,
         calibrate_for=calibrate_for,
+        parallel=parallel,
     ).memory_bytes
     capped = cap is not None and cap.bytes < available_bytes
     limit = cap.bytes if cap is not None and capped else available_bytes
     fits = need <= limit
     verdict = "fits" if fits else f"is {(need - limit) / GIB:.2f} GiB short"
     whose = f" ({cap.why})" if cap is not None and capped else ""
+    streams = f" x {parallel} streams" if parallel > 1 else ""
     why = (
-        f"{target.name} {quant} needs {need / GIB:.2f} GiB at ctx {context} "
+        f"{target.name} {quant} needs {need / GIB:.2f} GiB at ctx {context}{streams} "
         f"({unit_kind.upper()}); {limit / GIB:.2f} GiB available{whose}: {verdict}"
     )
     if cap is not None and capped:

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from edgekit.converters.layouts import WeightLayout, tensor_layer
 from edgekit.converters.planner import quality
+from edgekit.converters.planner.memory import stream_runtime_bytes, streams_that_fit
 from edgekit.converters.planner.predict import Prediction, Unit, predict
 from edgekit.converters.planner.ranking import tier
 from edgekit.converters.planner.sources import SourceQuantization, from_quantized_source
-from edgekit.converters.planner.values import Budgets, Candidate
+from edgekit.converters.planner.values import MAX_SUGGESTED_PARALLEL, Budgets, Candidate
 from edgekit.targets.contract import Coefficients, Target
 
 from edgekit.devices import GIB, DeviceProfile, PowerMode
@@ -101,8 +102,17 @@ def candidate(
         context=budgets.context,
         kv_type=budgets.kv_cache,
         watts_cap=budgets.watts,
+        parallel=budgets.parallel,
     )
     limit, why, hint = limit_why(profile, unit, budgets, target)
+    suggested = streams_that_fit(
+        pred.weights_bytes,
+        pred.kv_cache_bytes,
+        slot.coefficients,
+        limit,
+        stream_bytes=stream_runtime_bytes(spec),
+        most=MAX_SUGGESTED_PARALLEL,
+    )
     kl, kl_source = expected_quality(target, fmt)
     up, quality_note = False, ""
     if slot.source is not None:
@@ -138,6 +148,7 @@ def candidate(
         requantizes_up=up,
         quality_note=quality_note,
         build_recipe=build_recipe,
+        parallel_suggested=suggested,
     )
 
 
@@ -151,9 +162,10 @@ def _memory_and_device(
     reasons = []
     context = budgets.context
     limit, why, hint = limit_words
+    streams = f" x {budgets.parallel} streams" if budgets.parallel > 1 else ""
     if pred.memory_bytes > limit:
         reasons.append(
-            f"{name} needs {pred.memory_bytes / GIB:.2f} GiB at ctx {context}; {why} "
+            f"{name} needs {pred.memory_bytes / GIB:.2f} GiB at ctx {context}{streams}; {why} "
             f"{limit / GIB:.2f} GiB" + (f" ({hint})" if hint else "")
         )
     acc = unit.accelerator
@@ -203,11 +215,15 @@ def _speed_and_quality(
 ) -> list[str]:
     reasons = []
     if budgets.min_decode_tok_s is not None:
-        if pred.decode_tok_s is None:
+        # with several streams, what each one gets is what a user waits on
+        rate, each = pred.decode_tok_s, ""
+        if budgets.parallel > 1:
+            rate, each = pred.decode_tok_s_per_stream, f" per stream at {budgets.parallel} streams"
+        if rate is None:
             reasons.append(f"{name}: no decode prediction (the profile has no bandwidth figure)")
-        elif pred.decode_tok_s < budgets.min_decode_tok_s:
+        elif rate < budgets.min_decode_tok_s:
             reasons.append(
-                f"{name} decodes ~{pred.decode_tok_s:.1f} tok/s, below --min-tps "
+                f"{name} decodes ~{rate:.1f} tok/s{each}, below --min-tps "
                 f"{budgets.min_decode_tok_s:g}"
             )
     if budgets.max_quality_loss is not None:

@@ -7,7 +7,9 @@
     runtime   the target's buffers and libraries (``Coefficients.runtime_bytes``)
 
 ``resident_bytes`` is the one formula: the planner, pack's predicted figures, load's
-admission check and calibration all call it.
+admission check and calibration all call it. With several streams decoded together
+(continuous batching: ``edgekit.load(parallel=N)``) every stream holds its own KV cache
+of the context, and a row of logits (``stream_runtime_bytes``).
 
 Positions per layer. A layer with full attention holds the whole context. A layer with a
 sliding window (Gemma 3: five of every six layers attend to the last 512 or 1024 tokens)
@@ -50,9 +52,50 @@ DEFAULT_SWA_PATTERN = {"gemma3": 6}
 _CONFIG_MAX_BYTES = 4 << 20  # a config.json is a few kilobytes
 
 
-def resident_bytes(weights_bytes: int, kv_bytes: int, c: Coefficients) -> int:
-    """Resident memory of a loaded model: weights x residency + KV x scale + runtime."""
-    return int(weights_bytes * c.weight_residency + kv_bytes * c.kv_scale) + c.runtime_bytes
+def resident_bytes(
+    weights_bytes: int,
+    kv_bytes: int,
+    c: Coefficients,
+    *,
+    streams: int = 1,
+    stream_bytes: int = 0,
+) -> int:
+    """Resident memory of a loaded model: weights x residency + KV x scale + runtime.
+
+    ``streams`` generations decoded together (continuous batching) each hold a KV cache of
+    ``kv_bytes`` (their own context) and, beyond the first, ``stream_bytes`` of runtime
+    buffers (``stream_runtime_bytes``); one stream is the single-stream session."""
+    kv = streams * kv_bytes * c.kv_scale
+    extra = (streams - 1) * stream_bytes
+    return int(weights_bytes * c.weight_residency + kv) + c.runtime_bytes + extra
+
+
+def stream_runtime_bytes(spec: ModelSpec) -> int:
+    """Runtime buffers each stream beyond the first adds: one f32 row of logits (vocabulary
+    x 4 bytes) for the token it samples every step. A runtime's scratch buffers are sized
+    by the tokens of one step (its micro-batch), not by the number of streams, so they are
+    not counted again (a first estimate: no batched benchmark calibrates it yet)."""
+    return spec.vocab_size * 4
+
+
+def streams_that_fit(
+    weights_bytes: int,
+    kv_bytes: int,
+    c: Coefficients,
+    limit_bytes: int,
+    *,
+    stream_bytes: int,
+    most: int,
+) -> int:
+    """The most streams, 0 to ``most``, whose resident memory (``resident_bytes``) is
+    within ``limit_bytes``; 0: not even one."""
+    fitting = 0
+    for n in range(1, most + 1):
+        need = resident_bytes(weights_bytes, kv_bytes, c, streams=n, stream_bytes=stream_bytes)
+        if need > limit_bytes:
+            break
+        fitting = n
+    return fitting
 
 
 @dataclass(frozen=True, kw_only=True)

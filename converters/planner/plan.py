@@ -26,6 +26,7 @@ from edgekit.converters.planner.sources import (
 )
 from edgekit.converters.planner.values import (
     DEFAULT_CONTEXT,
+    MAX_PARALLEL,
     NO_BUDGETS,
     Budgets,
     Candidate,
@@ -101,6 +102,13 @@ def _window_notes(spec: ModelSpec, targets: list[type[Target]], context: int) ->
 def _check_budgets(spec: ModelSpec, budgets: Budgets) -> list[str]:
     if budgets.context < 1:
         raise PlanError(f"context {budgets.context} must be at least 1 token")
+    if isinstance(budgets.parallel, bool) or not isinstance(budgets.parallel, int):
+        raise PlanError(f"parallel {budgets.parallel!r} must be a whole number of streams")
+    if not 1 <= budgets.parallel <= MAX_PARALLEL:
+        raise PlanError(
+            f"parallel {budgets.parallel} is out of range: 1 to {MAX_PARALLEL} streams",
+            hint=f"plan at most {MAX_PARALLEL} streams decoded together",
+        )
     if budgets.kv_cache not in KV_BYTES:
         raise PlanError(
             f"KV-cache type {budgets.kv_cache!r} is not known",
@@ -256,6 +264,26 @@ def _calibrated(
         peak_tflops=unit.peak_tflops,
         vocab_term_bytes=target.vocab_runtime_bytes(kind, spec),
     )
+
+
+def suggest_parallel(
+    spec: ModelSpec,
+    profile: DeviceProfile,
+    budgets: Budgets = NO_BUDGETS,
+    *,
+    calibrate_for: str | None = None,
+) -> int:
+    """The most streams, up to ``MAX_SUGGESTED_PARALLEL`` (8), whose KV caches fit beside
+    the plan's pick (its weights and runtime) at the plan's context, within the device's
+    memory and ``budgets.memory_bytes``: the default of ``edgekit serve --parallel``. 0
+    when nothing fits. For this host: ``profile, key = resolve_device("host")`` and
+    ``calibrate_for=key``, as ``edgekit plan --device host`` plans.
+
+    Raises:
+        PlanError: as ``plan``.
+    """
+    planned = plan(spec, profile, with_budget_defaults(spec, budgets), calibrate_for=calibrate_for)
+    return planned.parallel_suggested
 
 
 def with_budget_defaults(spec: ModelSpec, budgets: Budgets) -> Budgets:

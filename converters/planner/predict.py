@@ -5,6 +5,11 @@ the planner ranks by, pack records and load admits by.
               (``memory.resident_bytes``)
     decode    seconds per token = overhead + bytes read per token / (efficiency x bandwidth)
     prefill   seconds per token = flops per token / (efficiency x peak compute)
+    parallel  N streams decoded together (continuous batching), a first estimate: one step
+              reads the weights once and every stream's KV cache, so it takes the
+              single-stream time + (N - 1) x (KV read / (efficiency x bandwidth) + overhead
+              per token); aggregate tok/s = N / step time, capped by the compute ceiling
+              (decode flops per token at the prefill efficiency of the unit's peak)
     power     the profile's sustained draw for LLM work, capped by a power mode or budget;
               joules per token = watts / tokens per second
 
@@ -20,7 +25,11 @@ import math
 from dataclasses import dataclass
 
 from edgekit.converters.layouts import WeightLayout
-from edgekit.converters.planner.memory import kv_cache_bytes, resident_bytes
+from edgekit.converters.planner.memory import (
+    kv_cache_bytes,
+    resident_bytes,
+    stream_runtime_bytes,
+)
 from edgekit.targets.contract import Basis, Coefficients, Target
 
 from edgekit.devices import GIB, Accelerator, DeviceProfile, PowerMode
@@ -51,14 +60,25 @@ class Prediction:
     weights_bytes: int  # the files
     kv_cache_bytes: int
     runtime_bytes: int
-    memory_bytes: int  # resident at the full context: weights x residency + KV + runtime
-    decode_tok_s: float | None  # at a short context
-    decode_tok_s_full: float | None  # with the whole context in the KV cache
+    # resident at the full context: weights x residency + KV x parallel + runtime (and
+    # a row of logits per stream beyond the first: memory.stream_runtime_bytes)
+    memory_bytes: int
+    decode_tok_s: float | None  # one stream, at a short context
+    decode_tok_s_full: float | None  # one stream, with the whole context in the KV cache
     prefill_tok_s: float | None  # a 512-token prompt
     watts: float | None
     joules_per_token: float | None
     basis: Basis
     why: str  # the arithmetic behind the decode figure, in one line
+    # Continuous batching: ``parallel`` streams decoded together, each with its own KV
+    # cache of the context (``kv_cache_bytes`` is one stream's). Always a first estimate
+    # (no batched benchmark calibrates it); at parallel 1 the figures are the decode ones.
+    parallel: int = 1
+    decode_tok_s_aggregate: float | None = None  # all streams together, short context
+    decode_tok_s_aggregate_full: float | None = None  # every stream at the whole context
+    decode_tok_s_per_stream: float | None = None  # what one stream gets: aggregate / parallel
+    decode_ceiling_tok_s: float | None = None  # compute-bound ceiling, short context
+    parallel_why: str = ""  # the arithmetic behind the aggregate figure, in one line
 
 
 def units_for(profile: DeviceProfile, target: type[Target], mode: PowerMode | None) -> list[Unit]:
@@ -143,6 +163,12 @@ def prefill_flops_per_token(layout: WeightLayout, spec: ModelSpec, tokens: int) 
     return 2.0 * layout.matmul_parameters + attention
 
 
+def decode_flops_per_token(layout: WeightLayout, spec: ModelSpec, context: int) -> float:
+    """2 flops per weight multiplied, plus attention over ``context`` positions (every
+    layer at the whole context: a windowed layer's fewer flops only raise the ceiling)."""
+    return 2.0 * layout.matmul_parameters + 4 * spec.layers * spec.heads * spec.head_dim * context
+
+
 def prefill_seconds(c: Coefficients, flops_per_token: float, peak_tflops: float) -> float:
     """Seconds per prompt token (inf when the efficiency or peak is not positive)."""
     rate = c.compute_efficiency * peak_tflops * 1e12
@@ -188,6 +214,53 @@ def prefill_rate(c: Coefficients, flops_per_token: float, peak_tflops: float) ->
     return per_second(prefill_seconds(c, flops_per_token, peak_tflops))
 
 
+def step_seconds(
+    c: Coefficients,
+    weights_read: float,
+    kv_read: float,
+    bandwidth_gbps: float,
+    layers: int = 0,
+    *,
+    streams: int = 1,
+) -> float:
+    """Seconds of one decode step that advances ``streams`` sequences by a token each: the
+    single-stream time (``decode_seconds``: the weights and one KV cache read, the overhead
+    per token and per layer) plus, for each further stream, its KV cache read at the
+    bandwidth efficiency and its overhead per token. The weights are read once for all
+    streams and the per-layer launches happen once a step; sampling, detokenizing and the
+    loop's bookkeeping happen for every token, so the overhead per token is counted for
+    each stream (inf when the efficiency or bandwidth is not positive)."""
+    one = decode_seconds(c, weights_read + kv_read, bandwidth_gbps, layers)
+    if streams == 1:
+        return one
+    rate = c.bandwidth_efficiency * bandwidth_gbps * 1e9
+    if not rate > 0:
+        return math.inf
+    return one + (streams - 1) * (kv_read / rate + c.token_overhead_s)
+
+
+def aggregate_rate(
+    c: Coefficients,
+    weights_read: float,
+    kv_read: float,
+    bandwidth_gbps: float,
+    layers: int,
+    *,
+    streams: int,
+    ceiling: float | None,
+) -> float | None:
+    """Tokens per second of all ``streams`` together: ``streams`` / step time, never above
+    the compute ceiling (``ceiling``, tok/s; None: no figure) unless one stream alone is
+    (batching then gains nothing). At one stream: ``decode_rate``. None: no positive,
+    finite rate."""
+    step = step_seconds(c, weights_read, kv_read, bandwidth_gbps, layers, streams=streams)
+    rate = per_second(step / streams)
+    if rate is None or streams == 1 or ceiling is None:
+        return rate
+    single = decode_rate(c, weights_read + kv_read, bandwidth_gbps, layers)
+    return min(rate, max(ceiling, single or 0.0))
+
+
 def predict(
     spec: ModelSpec,
     layout: WeightLayout,
@@ -199,8 +272,10 @@ def predict(
     context: int,
     kv_type: str,
     watts_cap: float | None,
+    parallel: int = 1,
 ) -> Prediction:
-    """Memory, decode, prefill, watts and J/token of ``layout`` on ``unit`` of ``target``."""
+    """Memory, decode, prefill, watts and J/token of ``layout`` on ``unit`` of ``target``,
+    with ``parallel`` streams decoded together (each with a KV cache of ``context``)."""
     kv_full = kv_bytes(spec, context, kv_type, target)
     decode = decode_full = None
     why = "no memory bandwidth figure for this device"
@@ -219,20 +294,34 @@ def predict(
         prefill = prefill_rate(
             c, prefill_flops_per_token(layout, spec, PREFILL_TOKENS), unit.peak_tflops
         )
+    batch = _batched(spec, layout, target, unit, c, context=context, kv_type=kv_type, n=parallel)
+    rates: tuple[float | None, ...] = (
+        decode,
+        decode_full,
+        prefill,
+        batch.aggregate,
+        batch.aggregate_full,
+        batch.ceiling,
+    )
     watts = _watts(profile, unit.power_mode, watts_cap)
     if watts_cap is not None and watts_cap < profile.power.typical_w and unit.power_mode is None:
         # Below the sustained draw the device throttles: scale throughput with the power
         # above idle (a first-order model; DVFS is not linear, calibrate when it matters).
         idle = profile.power.idle_w
         share = max(watts_cap - idle, 0.0) / max(profile.power.typical_w - idle, 1e-9)
-        decode, decode_full, prefill = (
-            r * share if r else r for r in (decode, decode_full, prefill)
-        )
+        rates = tuple(r * share if r else r for r in rates)
+    decode, decode_full, prefill, aggregate, aggregate_full, ceiling = rates
     return Prediction(
         weights_bytes=layout.total_bytes,
         kv_cache_bytes=kv_full,
         runtime_bytes=c.runtime_bytes,
-        memory_bytes=resident_bytes(layout.total_bytes, kv_full, c),
+        memory_bytes=resident_bytes(
+            layout.total_bytes,
+            kv_full,
+            c,
+            streams=parallel,
+            stream_bytes=stream_runtime_bytes(spec),
+        ),
         decode_tok_s=decode,
         decode_tok_s_full=decode_full,
         prefill_tok_s=prefill,
@@ -240,7 +329,64 @@ def predict(
         joules_per_token=joules_per_token(watts, decode),
         basis=c.basis,
         why=why,
+        parallel=parallel,
+        decode_tok_s_aggregate=aggregate,
+        decode_tok_s_aggregate_full=aggregate_full,
+        decode_tok_s_per_stream=aggregate / parallel if aggregate else aggregate,
+        decode_ceiling_tok_s=ceiling,
+        parallel_why=batch.why,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Batch:
+    aggregate: float | None
+    aggregate_full: float | None
+    ceiling: float | None
+    why: str
+
+
+def _batched(
+    spec: ModelSpec,
+    layout: WeightLayout,
+    target: type[Target],
+    unit: Unit,
+    c: Coefficients,
+    *,
+    context: int,
+    kv_type: str,
+    n: int,
+) -> _Batch:
+    """Aggregate decode of ``n`` streams at a short and at the whole context, and the
+    compute ceiling: what ``Prediction``'s parallel figures are made of."""
+    ceiling = ceiling_full = None
+    capped = "no peak-compute figure, no compute ceiling"
+    if unit.peak_tflops:
+        peak = unit.peak_tflops
+        ceiling = prefill_rate(c, decode_flops_per_token(layout, spec, SHORT_DECODE_CONTEXT), peak)
+        ceiling_full = prefill_rate(c, decode_flops_per_token(layout, spec, context), peak)
+        if ceiling is not None:
+            capped = (
+                f"at most {ceiling:,.0f} tok/s compute-bound "
+                f"({c.compute_efficiency:.0%} of {peak:g} TFLOPS)"
+            )
+    if not unit.bandwidth_gbps:
+        return _Batch(aggregate=None, aggregate_full=None, ceiling=ceiling, why="")
+    bandwidth, read = unit.bandwidth_gbps, layout.bytes_per_token
+    kv_short = kv_bytes(spec, SHORT_DECODE_CONTEXT, kv_type, target, read=True)
+    kv_long = kv_bytes(spec, context, kv_type, target, read=True)
+    aggregate = aggregate_rate(
+        c, read, kv_short, bandwidth, spec.layers, streams=n, ceiling=ceiling
+    )
+    aggregate_full = aggregate_rate(
+        c, read, kv_long, bandwidth, spec.layers, streams=n, ceiling=ceiling_full
+    )
+    why = (
+        f"{n} streams (first estimate): a step reads {read / 1e6:,.0f} MB of weights once + "
+        f"{n} x {kv_short / 1e6:,.2g} MB of KV cache at {c.bandwidth_efficiency:.0%} of "
+        f"{bandwidth:g} GB/s, + {c.token_overhead_s * 1e3:.2g} ms per token; {capped}"
+    )
+    return _Batch(aggregate=aggregate, aggregate_full=aggregate_full, ceiling=ceiling, why=why)
 
 
 def joules_per_token(watts: float | None, decode_tok_s: float | None) -> float | None:

@@ -32,12 +32,15 @@ def tier(kl: float | None) -> str:
 
 def rank(c: Candidate) -> tuple[int, int, int, float]:
     """Quality tier, then (from a quantized source) the candidates that do not spend bits
-    the source does not have, then buildable, then decode speed."""
+    the source does not have, then buildable, then decode speed (of all streams together
+    when the plan decodes several)."""
+    p = c.prediction
+    speed = p.decode_tok_s if p.parallel == 1 else p.decode_tok_s_aggregate
     return (
         _ORDER.index(c.quality_tier),
         1 if c.requantizes_up else 0,
         0 if c.buildable else 1,
-        -(c.prediction.decode_tok_s or 0),
+        -(speed or 0),
     )
 
 
@@ -53,6 +56,11 @@ def describe(c: Candidate) -> str:
     parts = [f"{p.memory_bytes / GIB:.2f} GiB of {c.memory_limit_bytes / GIB:.2f} GiB"]
     if p.decode_tok_s:
         parts.append(f"~{p.decode_tok_s:.1f} tok/s decode")
+    if p.parallel > 1 and p.decode_tok_s_aggregate and p.decode_tok_s_per_stream:
+        parts.append(
+            f"~{p.decode_tok_s_aggregate:.1f} tok/s over {p.parallel} streams "
+            f"(~{p.decode_tok_s_per_stream:.1f} each, first estimate)"
+        )
     if p.prefill_tok_s:
         parts.append(f"~{p.prefill_tok_s:.0f} tok/s prefill")
     if p.watts:

@@ -8,6 +8,10 @@ from typing import Any
 from edgekit.converters.planner.predict import Prediction
 
 DEFAULT_CONTEXT = 4096
+# Streams decoded together (continuous batching): the most a plan or a load takes, and
+# the most the plan suggests (``Candidate.parallel_suggested``: serve's default).
+MAX_PARALLEL = 64
+MAX_SUGGESTED_PARALLEL = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,6 +22,8 @@ class Budgets:
     min_decode_tok_s: float | None = None
     max_quality_loss: float | None = None  # mean KL, nats per token
     kv_cache: str = "f16"
+    # generations decoded together, each with its own KV cache of the context
+    parallel: int = 1
 
 
 NO_BUDGETS = Budgets()  # the device's own limits, the default context
@@ -47,6 +53,9 @@ class Candidate:
     quality_note: str = ""
     # recipe options the build for this unit needs (Target.build_recipe): pack adds them
     build_recipe: str = ""
+    # the most streams (up to MAX_SUGGESTED_PARALLEL) whose KV caches fit beside the
+    # weights and runtime at the plan's context, within the memory limit; 0: not one
+    parallel_suggested: int = 1
 
     @property
     def fits(self) -> bool:
@@ -92,6 +101,13 @@ class Plan:
     # the pick under each of the device's power modes (none: no modes, or no pick)
     power_modes: tuple[ModeFigures, ...] = ()
 
+    @property
+    def parallel_suggested(self) -> int:
+        """The streams the pick (else the best candidate) holds at the plan's context: the
+        default of ``edgekit serve --parallel``; 0 when nothing fits."""
+        pick = self.choice or self.best
+        return pick.parallel_suggested if pick is not None else 0
+
     def to_dict(self) -> dict[str, Any]:
         def cand(c: Candidate | None) -> dict[str, Any] | None:
             if c is None:
@@ -109,6 +125,8 @@ class Plan:
             "device_display": self.device_display,
             "budgets": asdict(self.budgets),
             "power_mode": self.power_mode,
+            "parallel": self.budgets.parallel,
+            "parallel_suggested": self.parallel_suggested,
             "summary": self.summary,
             "notes": list(self.notes),
             "choice": cand(self.choice),

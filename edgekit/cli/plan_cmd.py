@@ -10,8 +10,23 @@ from rich.console import Console
 from rich.table import Table
 
 from edgekit.cli import emit_json, json_option, main, render
-from edgekit.cli.plan_view import COLUMNS, TEXT_COLUMNS, candidate_cells, parse_size, parse_watts
-from edgekit.converters.planner import DEFAULT_CONTEXT, Budgets, Plan, plan_for
+from edgekit.cli.plan_view import (
+    COLUMNS,
+    PARALLEL_COLUMNS,
+    TEXT_COLUMNS,
+    candidate_cells,
+    parallel_cells,
+    parse_size,
+    parse_watts,
+)
+from edgekit.converters.planner import (
+    DEFAULT_CONTEXT,
+    MAX_PARALLEL,
+    MAX_SUGGESTED_PARALLEL,
+    Budgets,
+    Plan,
+    plan_for,
+)
 from edgekit.default_model import default_model_path
 
 
@@ -48,6 +63,7 @@ def budgets_from(
     min_tps: float | None,
     max_quality_loss: float | None,
     kv_cache: str,
+    parallel: int = 1,
 ) -> Budgets:
     return Budgets(
         memory_bytes=parse_size(memory) if memory else None,
@@ -56,6 +72,7 @@ def budgets_from(
         min_decode_tok_s=min_tps,
         max_quality_loss=max_quality_loss,
         kv_cache=kv_cache.lower(),
+        parallel=parallel,
     )
 
 
@@ -69,6 +86,14 @@ def budgets_from(
     help="A device profile name (edgekit profiles), a profile .toml, or host.",
 )
 @budget_options
+@click.option(
+    "--parallel",
+    type=click.IntRange(1, MAX_PARALLEL),
+    default=1,
+    show_default=True,
+    help="Generations decoded together (edgekit serve --parallel): memory counts a KV cache "
+    "of the context for each; decode adds the aggregate and per-stream figures.",
+)
 @click.option("--all", "show_all", is_flag=True, help="List every candidate, not only the best.")
 @json_option
 def plan_command(
@@ -80,6 +105,7 @@ def plan_command(
     min_tps: float | None,
     max_quality_loss: float | None,
     kv_cache: str,
+    parallel: int,
     show_all: bool,
     as_json: bool,
 ) -> None:
@@ -89,7 +115,7 @@ def plan_command(
     MODEL is a .gguf file, a Hugging Face folder, or a folder (or config.json) with only a
     config: no weights are needed. Without MODEL, plans the embedded default model.
     """
-    budgets = budgets_from(memory, power, ctx, min_tps, max_quality_loss, kv_cache)
+    budgets = budgets_from(memory, power, ctx, min_tps, max_quality_loss, kv_cache, parallel)
     result = plan_for(model if model is not None else default_model_path(), device, budgets)
     if as_json:
         emit_json(result.to_dict())
@@ -107,12 +133,16 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
             f"{', from config' if result.parameters_source == 'config' else ''}) on ",
             render.name(result.device_display, "bold"),
             f", ctx {b.context}, KV {b.kv_cache}"
+            + (f", {b.parallel} streams" if b.parallel > 1 else "")
             + (f", power mode {result.power_mode}" if result.power_mode else ""),
         )
     )
     # box.SIMPLE and short headings: the table fits an 80-column terminal
     table = Table(box=box.SIMPLE, pad_edge=False, collapse_padding=True, title_justify="left")
-    for column in (*COLUMNS, "basis"):
+    # with several streams: decode tok/s of each one and of all together (first
+    # estimates: no batched benchmark calibrates them)
+    streams = b.parallel > 1
+    for column in (*(PARALLEL_COLUMNS if streams else COLUMNS), "basis"):
         right = column not in (*TEXT_COLUMNS, "basis")
         table.add_column(column, justify="right" if right else "left")
     fitting = [c for c in result.candidates if c.fits]
@@ -120,7 +150,8 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
     shown = fitting if show_all else fitting[:6]
     for c in shown:
         basis = "cal." if c.prediction.basis == "calibrated" else "est."
-        table.add_row(*(render.text(cell) for cell in candidate_cells(c, result.choice)), basis)
+        cells = (parallel_cells if streams else candidate_cells)(c, result.choice)
+        table.add_row(*(render.text(cell) for cell in cells), basis)
     if shown:
         console.print(table)
         console.print(
@@ -128,6 +159,13 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
             "  est. first estimate  cal. calibrated on this host",
             style="dim",
         )
+        if streams:
+            console.print(
+                f"each/all: decode tok/s of each of {b.parallel} streams and of all together "
+                "(first estimate: a step reads the weights once for every stream)",
+                style="dim",
+            )
+    _render_streams(result, console)
     _render_power_modes(result, console)
     console.print()
     console.print(render.text(result.summary, "bold"))
@@ -142,6 +180,22 @@ def render_plan(result: Plan, console: Console, *, show_all: bool = False) -> No
             console.print(render.text(f"  {c.label}: {c.rejections[0]}"))
         if not show_all and len(rejected) > 12:
             console.print(f"  ... {len(rejected) - 12} more (--all)", style="dim")
+
+
+def _render_streams(result: Plan, console: Console) -> None:
+    """How many streams the pick holds at the plan's context: serve's default --parallel."""
+    pick = result.choice or result.best
+    if pick is None:
+        return
+    n = result.parallel_suggested
+    most = " (the most suggested)" if n >= MAX_SUGGESTED_PARALLEL else ""
+    console.print(
+        render.text(
+            f"streams: {pick.label} holds {n} at ctx {result.budgets.context}{most}: "
+            f"edgekit serve --parallel {max(n, 1)}",
+            "dim",
+        )
+    )
 
 
 def _render_power_modes(result: Plan, console: Console) -> None:

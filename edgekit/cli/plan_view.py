@@ -34,6 +34,24 @@ def candidate_cells(c: Candidate, choice: Candidate | None) -> tuple[str, ...]:
     )
 
 
+# With several streams (``Budgets.parallel``) "decode" is what each stream gets and "all"
+# what they make together; both are first estimates.
+PARALLEL_COLUMNS = tuple(
+    x for column in COLUMNS for x in (("each", "all") if column == "decode" else (column,))
+)
+
+
+def parallel_cells(c: Candidate, choice: Candidate | None) -> tuple[str, ...]:
+    """``c`` as the cells of PARALLEL_COLUMNS."""
+    p = c.prediction
+    cells = candidate_cells(c, choice)
+    at = COLUMNS.index("decode")
+    each = f"{p.decode_tok_s_per_stream:.1f}" if p.decode_tok_s_per_stream else "-"
+    together = p.decode_tok_s_aggregate
+    total = "-" if not together else f"{together:.0f}" if together >= 100 else f"{together:.1f}"
+    return (*cells[:at], each, total, *cells[at + 1 :])
+
+
 def parse_size(text: str) -> int:
     """ "6GB", "6 GiB", "512MB", "6" (GB) -> bytes.
 
