@@ -26,7 +26,7 @@ from edgekit.converters.gguf import FORMAT
 from edgekit.converters.gguf.llamacpp_log import route_llamacpp_logs
 from edgekit.targets import checks
 from edgekit.targets.contract import Coefficients, KvCacheLayout, Target, UnitSupport
-from edgekit.targets.llamacpp_runtime import open_llama, read_settings
+from edgekit.targets.llamacpp_runtime import Settings, open_llama, read_settings
 from edgekit.targets.session import Session
 from edgekit.targets.streams import StopMatcher, Utf8Stream
 from edgekit.targets.templates import NO_TEMPLATE_HINT, render_chat_template
@@ -53,6 +53,7 @@ SETTINGS = (
     "gpu_layers",
     "seed",
     "logits",
+    "parallel",
 )
 
 
@@ -171,7 +172,9 @@ class LlamaCppTarget(Target):
 
         Settings: ``context`` (tokens), ``threads``, ``batch``, ``kv_cache`` (f16, q8_0, ...),
         ``mmap``, ``mlock``, ``gpu_layers`` (-1: all, when the build has a GPU backend),
-        ``seed``, ``logits`` (keep logits of every position; needed by ``logits()``).
+        ``seed``, ``logits`` (keep logits of every position; needed by ``logits()``),
+        ``parallel`` (N > 1: N generations decoded together, each with ``context`` tokens of
+        its own KV cache: continuous batching, targets/llamacpp_batch.py).
 
         Raises:
             TargetUnavailableError: llama-cpp-python is not installed.
@@ -234,6 +237,23 @@ class LlamaCppSession(Session):
             unit="gpu" if settings.gpu_layers else "cpu",  # refused above without a GPU backend
         )
         self._closed = False
+        if settings.parallel > 1:
+            self._start_batch(settings)
+
+    def _start_batch(self, settings: Settings) -> None:
+        from edgekit.targets.llamacpp_batch import open_batch
+
+        runtime = open_batch(
+            self._llm,
+            slots=settings.parallel,
+            context=settings.context,
+            threads=settings.threads,
+            batch=max(settings.batch, settings.parallel),
+            kv_cache=settings.kv_cache,
+            seed=settings.seed,
+        )
+        self._use_batching(runtime)
+        self.info.settings["parallel"] = settings.parallel
 
     # --- tokens -------------------------------------------------------------------------
 
@@ -383,6 +403,12 @@ class LlamaCppSession(Session):
         if not self._keep_logits:
             raise GenerationError(
                 "logits of every position were not kept", hint="load with logits=True"
+            )
+        if len(tokens) > self._llm.n_ctx():  # a batched session keeps a small one
+            raise GenerationError(
+                f"logits of {len(tokens)} tokens: this session's scoring context holds "
+                f"{self._llm.n_ctx()}",
+                hint="load without parallel (or with a larger context) to score longer texts",
             )
         self._llm.reset()  # type: ignore[no-untyped-call]
         self._llm.eval(list(tokens))

@@ -36,6 +36,11 @@ KV_TYPES = {
 }
 DEFAULT_CONTEXT = 4096
 DEFAULT_BATCH = 512
+MAX_PARALLEL = 64
+# With parallel > 1 the generations run in the batch's own context (targets/llamacpp_batch);
+# the single-stream context is kept for logits() and tokens only, this small, so the KV
+# memory is the N streams' (what the planner counts), not N + 1 of them.
+SINGLE_CONTEXT_WHEN_BATCHED = 512
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +54,14 @@ class Settings:
     gpu_layers: int
     seed: int | None
     logits: bool
+    parallel: int = 1  # generations decoded together (continuous batching)
+
+    @property
+    def single_context(self) -> int:
+        """The single-stream context's size (smaller when a batch runs the generations)."""
+        if self.parallel > 1:
+            return min(self.context, SINGLE_CONTEXT_WHEN_BATCHED)
+        return self.context
 
 
 def read_settings(given: dict[str, Any], header: GGUFHeader) -> Settings:
@@ -97,6 +110,9 @@ def read_settings(given: dict[str, Any], header: GGUFHeader) -> Settings:
         if get("seed") is None
         else checks.integer("seed", get("seed"), low=0, high=checks.MAX_SEED),
         logits=checks.flag("logits", given.get("logits", False)),
+        parallel=checks.integer(
+            "parallel", given.get("parallel", 1), low=1, high=MAX_PARALLEL, note="streams"
+        ),
     )
 
 
@@ -112,10 +128,10 @@ def open_llama(path: Path, settings: Settings) -> Llama:
     with backend_errors("llama.cpp", f"loading {path}", hint="run with -v to see llama.cpp's log"):
         return llama_cpp.Llama(
             model_path=str(path),
-            n_ctx=settings.context,
+            n_ctx=settings.single_context,
             n_threads=settings.threads,
             n_threads_batch=settings.threads,
-            n_batch=settings.batch,
+            n_batch=min(settings.batch, settings.single_context),
             type_k=KV_TYPES[kv],
             type_v=KV_TYPES[kv],
             # llama.cpp stores a quantized V cache only with flash attention.
