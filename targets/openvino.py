@@ -59,6 +59,7 @@ SETTINGS = (
     "max_prompt_len",
     "min_response_len",
     "logits",
+    "parallel",
 )
 
 
@@ -186,7 +187,10 @@ class OpenVinoTarget(Target):
         """Load an OpenVINO IR folder (openvino_model.xml + tokenizer IRs).
 
         Settings: ``device`` (auto, CPU, GPU, NPU), ``inference_precision``, ``kv_cache``,
-        ``threads``, ``context``, ``max_prompt_len`` / ``min_response_len`` (NPU).
+        ``threads``, ``context``, ``max_prompt_len`` / ``min_response_len`` (NPU),
+        ``parallel`` (N > 1: N generations decoded together by openvino-genai's
+        ContinuousBatchingPipeline, each with ``context`` tokens of KV cache, prefix caching
+        on; CPU and GPU: targets/openvino_batch.py).
 
         Raises:
             TargetUnavailableError: openvino-genai missing, or the device is not present.
@@ -255,6 +259,7 @@ class OpenVinoSession(Session):
         max_prompt_len: int | None = None,  # default: NPU_MAX_PROMPT, up to the context
         min_response_len: int | None = None,  # default: NPU_MIN_RESPONSE, up to the context
         logits: bool = False,  # accepted for the shared API: logits() always works here
+        parallel: int = 1,
     ) -> None:
         super().__init__()
         try:
@@ -280,14 +285,23 @@ class OpenVinoSession(Session):
             min_response_len=min_response_len,
         )
         checks.flag("logits", logits)
+        parallel = checks.integer("parallel", parallel, low=1, high=64, note="streams")
         self._device = settings.device
         self._max_prompt = settings.max_prompt_len if settings.kind == "NPU" else None
-        with backend_errors("OpenVINO", f"loading {folder} on {self._device}"):
-            self._pipe = openvino_genai.LLMPipeline(
-                str(folder), self._device, **settings.properties()
-            )
+        self._pipe: Any = None
+        batch = None
+        if parallel > 1:  # the batch's pipeline holds the weights once; no LLMPipeline
+            from edgekit.targets.openvino_batch import open_batch
+
+            batch = open_batch(folder, settings, slots=parallel)
+            self._tokenizer = batch.tokenizer()
+        else:
+            with backend_errors("OpenVINO", f"loading {folder} on {self._device}"):
+                self._pipe = openvino_genai.LLMPipeline(
+                    str(folder), self._device, **settings.properties()
+                )
+            self._tokenizer = self._pipe.get_tokenizer()
         self._genai = openvino_genai
-        self._tokenizer = self._pipe.get_tokenizer()
         self._folder = folder
         self._read_tokenizer_files(folder)
         self._context = settings.context
@@ -303,6 +317,7 @@ class OpenVinoSession(Session):
             settings={
                 "device": self._device,
                 "inference_precision": settings.precision,
+                **({"parallel": parallel} if parallel > 1 else {}),
                 **(
                     {
                         "max_prompt_len": settings.max_prompt_len,
@@ -315,6 +330,8 @@ class OpenVinoSession(Session):
             vocab_size=vocab_size(read_json(folder / "config.json"), self._tokenizer),
             unit=settings.kind.lower(),
         )
+        if batch is not None:  # last: nothing above can fail with its loop running
+            self._use_batching(batch)
 
     def _read_tokenizer_files(self, folder: Path) -> None:
         """The chat template and BOS/EOS texts of the Hugging Face tokenizer files."""
@@ -426,6 +443,8 @@ class OpenVinoSession(Session):
         next prompt then shares at most one token with the cache."""
         self._check_open()
         self._await_worker()
+        if self._pipe is None:  # batched: the prefixes are the batch pipeline's to keep
+            return
         config = self._pipe.get_generation_config()
         config.max_new_tokens, config.do_sample = 1, False
         self._pipe.generate(tokenized_inputs(self._genai, [0]), config)
