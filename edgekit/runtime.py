@@ -137,7 +137,8 @@ def suggest_parallel(
     decode together here: the variant load would choose (one stream), and the most
     streams, up to 8, whose KV caches of the context fit the memory available now beside
     its weights and runtime (``bundle_choose.variant_parallel``, load's own admission
-    formula). At least 1 when a variant is chosen: one stream is what load admits alone.
+    formula). At least 1 when a variant is chosen: one stream is what load admits alone;
+    1 when its target has no batched runtime (no ``parallel`` load setting).
 
     Raises:
         BundleError, InsufficientMemoryError, TargetError: as ``load`` choosing a variant.
@@ -154,6 +155,8 @@ def suggest_parallel(
         context=context,
         device=device,
     )
+    if "parallel" not in get_target(chosen.target).load_settings:
+        return 1  # its target decodes one stream at a time
     try:
         streams = variant_parallel(
             opened, chosen, available_bytes=available, context=context, device=device

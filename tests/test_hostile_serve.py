@@ -1184,3 +1184,43 @@ def test_raw_socket_helpers_are_bounded() -> None:
         start = time.monotonic()
         assert raw_exchange(s.getsockname()[1], b"x", timeout=0.5) == b""
         assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize(
+    ("args", "suggested", "want"),
+    [
+        ([], 5, 5),  # the plan's
+        (["--queue-size", "3"], 5, 3),  # never more than the queue holds
+        (["--parallel", "2"], 5, 2),  # asked for
+        (["--parallel", "1"], 5, None),  # one at a time: the single-stream session
+        ([], 1, None),  # the target does not batch, or one stream is all that fits
+    ],
+)
+def test_serve_cli_parallel_defaults_to_the_plan(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str], suggested: int, want: Any
+) -> None:
+    from click.testing import CliRunner
+
+    import edgekit
+    import edgekit.runtime
+    import edgekit.serve
+    from edgekit.cli import main
+
+    loads: list[dict[str, Any]] = []
+    monkeypatch.setattr(edgekit, "load", lambda *a, **k: loads.append(k) or _Loaded())
+    monkeypatch.setattr(edgekit.runtime, "suggest_parallel", lambda *a, **k: suggested)
+    monkeypatch.setattr(edgekit.serve, "serve", lambda s, c: None)
+    result = CliRunner().invoke(main, ["serve", str(tmp_path / "b"), *args])
+    assert result.exit_code == 0, result.output
+    assert loads[-1].get("parallel") == want
+
+
+def test_serve_cli_refuses_more_slots_than_the_queue(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from edgekit.cli import main
+
+    result = CliRunner().invoke(
+        main, ["serve", str(tmp_path / "b"), "--parallel", "4", "--queue-size", "2"]
+    )
+    assert result.exit_code == 2 and "smaller than --parallel 4" in result.output

@@ -41,13 +41,26 @@ def _load(
     return session
 
 
+def _planned_parallel(
+    bundle: Path, variant: str | None, device: str, context: int | None, queue_size: int
+) -> int | None:
+    """The streams the plan fits in the memory free now (up to 8 and the queue), or None
+    when it cannot tell: load then says why the bundle cannot be used."""
+    from edgekit.errors import EdgekitError
+    from edgekit.runtime import suggest_parallel
+
+    try:
+        return min(suggest_parallel(bundle, variant, device, context=context), queue_size)
+    except EdgekitError:
+        return None
+
+
 def _say_engine(session: Any) -> None:
     """One stderr line when the load built an engine, with the reason (first build, a new
     TensorRT, changed settings): a user sees why this load took minutes."""
-    built = session.info.settings.get("engine_built")
-    if built:
-        reason = session.info.settings.get("engine_reason", "")
-        err_console.print(render.text(f"engine built: {reason}", "dim"))
+    settings = getattr(getattr(session, "info", None), "settings", None)
+    if isinstance(settings, dict) and settings.get("engine_built"):
+        err_console.print(render.text(f"engine built: {settings.get('engine_reason', '')}", "dim"))
 
 
 def load_options(f: Any) -> Any:
@@ -273,7 +286,8 @@ def _check_chat_template(session: Any, bundle: Path) -> None:
     "--parallel",
     type=click.IntRange(1, 64),
     help="Generations decoded together in one batch (continuous batching; 1: one at a "
-    "time). Each holds its own KV cache of the context.",
+    "time). Each holds its own KV cache of the context. Default: as many as the plan fits "
+    "in the memory free now, up to 8 and --queue-size, where the variant's target batches.",
 )
 @load_options
 def serve_command(
@@ -329,6 +343,8 @@ def serve_command(
                 "who can reach this port can use the model",
             )
         )
+    if parallel is None:  # the plan's: the streams whose KV caches fit beside the weights
+        parallel = _planned_parallel(bundle, variant, device, context, queue_size)
     with _load(bundle, variant, device, context, threads, force, parallel) as session:
         name = session.bundle.manifest.name
         err_console.print(
