@@ -46,6 +46,8 @@ from edgekit.errors import GenerationError, ModelFormatError, SettingError, Targ
 
 if TYPE_CHECKING:
     import numpy as np
+    from edgekit.targets.openvino_batch import OpenVinoBatch
+    from edgekit.targets.openvino_runtime import Settings
 
     from edgekit.devices import Accelerator, DeviceProfile
 
@@ -288,19 +290,7 @@ class OpenVinoSession(Session):
         parallel = checks.integer("parallel", parallel, low=1, high=64, note="streams")
         self._device = settings.device
         self._max_prompt = settings.max_prompt_len if settings.kind == "NPU" else None
-        self._pipe: Any = None
-        batch = None
-        if parallel > 1:  # the batch's pipeline holds the weights once; no LLMPipeline
-            from edgekit.targets.openvino_batch import open_batch
-
-            batch = open_batch(folder, settings, slots=parallel)
-            self._tokenizer = batch.tokenizer()
-        else:
-            with backend_errors("OpenVINO", f"loading {folder} on {self._device}"):
-                self._pipe = openvino_genai.LLMPipeline(
-                    str(folder), self._device, **settings.properties()
-                )
-            self._tokenizer = self._pipe.get_tokenizer()
+        batch = self._open_pipeline(openvino_genai, folder, settings, parallel)
         self._genai = openvino_genai
         self._folder = folder
         self._read_tokenizer_files(folder)
@@ -332,6 +322,23 @@ class OpenVinoSession(Session):
         )
         if batch is not None:  # last: nothing above can fail with its loop running
             self._use_batching(batch)
+
+    def _open_pipeline(
+        self, genai: Any, folder: Path, settings: Settings, parallel: int
+    ) -> OpenVinoBatch | None:
+        """The LLMPipeline, or with ``parallel`` > 1 the batch's pipeline instead (the
+        weights held once); sets ``_pipe`` (None when batched) and ``_tokenizer``."""
+        self._pipe: Any = None
+        if parallel > 1:
+            from edgekit.targets.openvino_batch import open_batch
+
+            batch = open_batch(folder, settings, slots=parallel)
+            self._tokenizer = batch.tokenizer()
+            return batch
+        with backend_errors("OpenVINO", f"loading {folder} on {self._device}"):
+            self._pipe = genai.LLMPipeline(str(folder), self._device, **settings.properties())
+        self._tokenizer = self._pipe.get_tokenizer()
+        return None
 
     def _read_tokenizer_files(self, folder: Path) -> None:
         """The chat template and BOS/EOS texts of the Hugging Face tokenizer files."""
