@@ -1,7 +1,10 @@
 """``edgekit serve``: an OpenAI-compatible HTTP server for one loaded Session.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
-(each streaming as server-sent events when ``stream`` is true) and ``GET /health``.
+(each streaming as server-sent events when ``stream`` is true), ``GET /health`` (no key:
+for load balancers; the status and the slots idle and processing) and ``GET /metrics``
+(Prometheus text; the API key when one is set, as ``/v1/models``). docs/serving.md lists
+the metrics.
 
 Every request is hostile until checked. In this order, each refusal an OpenAI-style JSON
 error (``{"error": {"message", "type", "param", "code"}}``):
@@ -33,7 +36,9 @@ JSON error with the message.
 
 Modules: ``serve_config`` (ServeConfig, the names the server answers to), ``serve_http``
 (headers, the responder, JSON errors), ``serve_app`` (routing, checks, admission),
-``serve_generation`` (the generation's thread and its answer).
+``serve_generation`` (the generation's thread and its answer), ``serve_metrics`` (the
+registry and the Prometheus text), ``serve_telemetry`` (what a request's events count),
+``serve_power`` (the power meter's thread).
 """
 
 from __future__ import annotations
@@ -45,9 +50,11 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
-from edgekit.errors import ServeError
+from edgekit.errors import EdgekitError, ServeError
+from edgekit.power.base import PowerMeter
 from edgekit.serve_app import App
 from edgekit.serve_config import ServeConfig, is_loopback
+from edgekit.serve_power import PowerWatch
 from edgekit.targets.session import Session
 from edgekit.untrusted import clean_text
 
@@ -62,8 +69,15 @@ def create_app(session: Session, config: ServeConfig) -> App:
     return App(session, config)
 
 
-def serve(session: Session, config: ServeConfig) -> None:
+def serve(
+    session: Session, config: ServeConfig, *, meter: str | PowerMeter | None = "auto"
+) -> None:
     """Run the server until interrupted (blocking).
+
+    ``meter`` is the power meter ``/metrics`` reports from: ``"auto"`` the best one
+    readable here (the estimate where no sensor is), one by name (``rapl``, ``nvml``,
+    ``estimated``, ...), a ``PowerMeter`` (the caller's to close), or None for no power
+    figures.
 
     Raises:
         ServeError: the address cannot be listened on (the port is taken, say).
@@ -74,10 +88,35 @@ def serve(session: Session, config: ServeConfig) -> None:
             clean_text(config.host),
             config.port,
         )
-    server, listening = server_for(create_app(session, config), config)
+    app = create_app(session, config)
+    server, listening = server_for(app, config)
+    power = _power_meter(meter)
+    watch = PowerWatch(power, app.metrics) if power is not None else contextlib.nullcontext()
     # uvicorn re-raises the Ctrl-C it handled, once it has shut down: that is the end
-    with listening, contextlib.suppress(KeyboardInterrupt):
-        server.run(sockets=[listening])
+    try:
+        with listening, watch, contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[listening])
+    finally:
+        if power is not None and power is not meter:  # one chosen here: closed here
+            power.close()
+
+
+def _power_meter(meter: str | PowerMeter | None) -> PowerMeter | None:
+    """The meter ``serve`` reads (see there); None when there is none to read."""
+    if meter is None or isinstance(meter, PowerMeter):
+        return meter
+    from edgekit.power.select import use_meter
+    from edgekit.probe import probe_host
+
+    try:
+        envelope = probe_host().profile.power  # the estimate's idle and full-load watts
+        chosen, _ = use_meter(
+            None if meter == "auto" else meter, idle_w=envelope.idle_w, max_w=envelope.max_w
+        )
+    except EdgekitError as exc:
+        log.warning("no power figures in /metrics: %s", clean_text(exc, max_len=300))
+        return None
+    return chosen
 
 
 def server_for(

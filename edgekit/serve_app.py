@@ -30,6 +30,7 @@ from edgekit.serve_generation import (
     Client,
     GenerationThread,
     answer_for,
+    failure_status,
     in_thread,
 )
 from edgekit.serve_http import (
@@ -45,7 +46,9 @@ from edgekit.serve_http import (
     preflight_headers,
     require_json,
 )
+from edgekit.serve_metrics import CONTENT_TYPE
 from edgekit.serve_requests import GenerationRequest, read_request
+from edgekit.serve_telemetry import CLIENT_CLOSED, ServeMetrics, Trace
 from edgekit.targets.session import Session
 from edgekit.targets.values import StreamChunk
 from edgekit.untrusted import clean_text
@@ -54,6 +57,7 @@ log = logging.getLogger("edgekit.serve")
 
 ROUTES: dict[str, tuple[str, ...]] = {  # path -> methods
     "/health": ("GET",),
+    "/metrics": ("GET",),
     "/v1/models": ("GET",),
     "/v1/completions": ("POST",),
     "/v1/chat/completions": ("POST",),
@@ -82,6 +86,9 @@ class App:
         self.state = SimpleNamespace(stats=self.stats)  # as Starlette apps expose it
         self.created = int(time.time())
         self._hostname = socket.gethostname().lower()
+        self.metrics = ServeMetrics(
+            model=config.model_name, target=session.info.target, slots=lambda: _slots(session)
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -92,22 +99,30 @@ class App:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         out = Responder(send, self.config.send_timeout)
+        trace = self.metrics.received(scope.get("path", ""))
         try:
             headers = RequestHeaders(scope.get("headers", []))
             out.extra = self._check_caller(headers)
-            await self._route(scope, receive, out, headers)
+            await self._route(scope, receive, out, headers, trace)
         except Refusal as exc:
+            trace.outcome = _refused(exc.status)
             await out.error(exc.status, exc.message, exc.kind, param=exc.param, headers=exc.headers)
         except RequestError as exc:
+            trace.outcome = "refused"
             await out.error(400, str(exc), param=exc.param)
         except ClientGone:
-            pass
+            trace.outcome = "client_gone"
         except Exception as exc:  # noqa: BLE001 - a bug must cost one request, not the server
+            trace.outcome = "failed"
             log.exception("edgekit serve: unexpected failure")
             await out.error(500, f"internal error: {type(exc).__name__}", "server_error")
+        finally:
+            if out.stalled:
+                trace.outcome = "client_gone"
+            self.metrics.done(trace, out.status or CLIENT_CLOSED)
 
     async def _route(
-        self, scope: Scope, receive: Receive, out: Responder, headers: RequestHeaders
+        self, scope: Scope, receive: Receive, out: Responder, headers: RequestHeaders, trace: Trace
     ) -> None:
         path, method = scope.get("path", ""), scope.get("method", "")
         methods = ROUTES.get(path)
@@ -124,11 +139,14 @@ class App:
                 headers=((b"allow", allow),),
             )
         if path == "/health":
-            await out.json(200, {"status": "ok"})
+            await out.json(200, self._health())
             return
         self._authorize(headers)
         if path == "/v1/models":
             await out.json(200, self._models())
+            return
+        if path == "/metrics":
+            await out.text(200, self.metrics.render(), CONTENT_TYPE)
             return
         require_json(headers)
         self.stats.received += 1
@@ -141,7 +159,7 @@ class App:
                 max_bytes=self.config.max_request_bytes,
                 max_tokens_limit=self.config.max_tokens_limit,
             )
-            await self._admit(receive, out, request)
+            await self._admit(receive, out, request, trace)
         finally:
             self.stats.open -= 1
 
@@ -238,6 +256,15 @@ class App:
             if not message.get("more_body", False):
                 return b"".join(parts)
 
+    def _health(self) -> dict[str, Any]:
+        """For load balancers: no key needed, nothing computed but two counts."""
+        busy = self.metrics.processing()
+        return {
+            "status": "ok",
+            "slots_idle": max(0, self.metrics.slots() - busy),
+            "slots_processing": busy,
+        }
+
     def _models(self) -> dict[str, Any]:
         model = {
             "id": self.config.model_name,
@@ -249,21 +276,24 @@ class App:
 
     # --- one generation request, from admission to its end ------------------------------------
 
-    async def _admit(self, receive: Receive, out: Responder, request: GenerationRequest) -> None:
+    async def _admit(
+        self, receive: Receive, out: Responder, request: GenerationRequest, trace: Trace
+    ) -> None:
         if self.stats.active >= self.config.queue_size:
             self.stats.rejected_busy += 1
             raise Refusal(503, "the server is busy: the request queue is full", "server_busy")
         self.stats.active += 1
         self.stats.requests += 1
+        self.metrics.admitted(trace)
         client = Client(receive)
         try:
-            await self._serve_admitted(out, request, client)
+            await self._serve_admitted(out, request, client, trace)
         finally:
             client.close()
             self.stats.active -= 1
 
     async def _serve_admitted(
-        self, out: Responder, request: GenerationRequest, client: Client
+        self, out: Responder, request: GenerationRequest, client: Client, trace: Trace
     ) -> None:
         try:
             tokens = await in_thread(self._prompt_tokens, request)
@@ -280,8 +310,9 @@ class App:
             )
         if client.gone.is_set():  # gone while its prompt was made: it never queues
             self.stats.left_queue += 1
+            trace.outcome = "client_gone"
             return
-        await self._generate(out, request, tokens, client)
+        await self._generate(out, request, tokens, client, trace)
 
     def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
         """Runs on a worker thread: a chat template may take its whole time bound."""
@@ -290,35 +321,60 @@ class App:
         return self.session.tokenize(request.prompt)
 
     async def _generate(
-        self, out: Responder, request: GenerationRequest, tokens: list[int], client: Client
+        self,
+        out: Responder,
+        request: GenerationRequest,
+        tokens: list[int],
+        client: Client,
+        trace: Trace,
     ) -> None:
         answer = answer_for(out, request, self.config.model_name, len(tokens))
         worker = GenerationThread(self.session.start(tokens, request.sampling), client.inbox)
-        worker.start()
         left = False
         failure: BaseException | None = None
+        self.metrics.begun(trace, worker.handle)
         try:
+            worker.start()
             while (item := await client.inbox.get()) is not DONE:
                 if isinstance(item, BaseException):
                     failure = item
-                elif isinstance(item, StreamChunk) and not left:
-                    if item.finish_reason:
-                        self.stats.finish_reasons[item.finish_reason] += 1
-                    await answer.chunk(item)
+                elif isinstance(item, StreamChunk):
+                    self.metrics.chunk(trace, item)  # generated, whether it is sent or not
+                    if not left:
+                        if item.finish_reason:
+                            self.stats.finish_reasons[item.finish_reason] += 1
+                        await answer.chunk(item)
                 # gone, or stopped reading (as good as gone): its own generation ends
                 if not left and (item is GONE or out.stalled):
                     left = True
                     worker.stop()
         finally:
             worker.stop()  # the server is stopping, or the answer failed: never left running
+            self.metrics.ended(trace)
         if left:
+            trace.outcome = "client_gone"
             if worker.handle.started:
                 self.stats.cancelled += 1
             else:
                 self.stats.left_queue += 1
             return
         if failure is not None:
+            trace.outcome = "refused" if failure_status(failure)[0] < 500 else "failed"
             log.warning("generation failed: %s", clean_text(failure, max_len=500))
             await answer.fail(failure)
         else:
             await answer.finish()
+
+
+def _refused(status: int) -> str:
+    """The outcome of a request refused with ``status``."""
+    if status == 503:
+        return "busy"
+    return "refused" if status < 500 else "failed"
+
+
+def _slots(session: Session) -> int:
+    """How many generations the session runs at once: a batched session says
+    (``parallel``); one at a time otherwise."""
+    parallel = getattr(session, "parallel", 1)
+    return parallel if isinstance(parallel, int) and parallel >= 1 else 1

@@ -78,6 +78,7 @@ class Responder:
         self.extra: Headers = ()
         self.started = False
         self.stalled = False
+        self.status: int | None = None  # the status sent, once the response has started
 
     async def _out(self, message: Message) -> None:
         if self.stalled:
@@ -89,6 +90,7 @@ class Responder:
 
     async def start(self, status: int, headers: Headers) -> None:
         self.started = True
+        self.status = status
         await self._out(
             {"type": "http.response.start", "status": status, "headers": [*headers, *self.extra]}
         )
@@ -107,6 +109,18 @@ class Responder:
             ),
         )
         await self.body(data, more=False)
+
+    async def text(self, status: int, data: str, content_type: str) -> None:
+        body = data.encode("utf-8", "replace")
+        await self.start(
+            status,
+            (
+                (b"content-type", content_type.encode("ascii")),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+            ),
+        )
+        await self.body(body, more=False)
 
     async def empty(self, status: int, headers: Headers) -> None:
         await self.start(status, headers)

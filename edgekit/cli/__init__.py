@@ -123,6 +123,7 @@ from edgekit.cli import (  # noqa: E402,F401
     convert_cmd,
     eval_cmd,
     inspect_cmd,
+    loadtest_cmd,
     plan_cmd,
     probe_cmd,
     profiles_cmd,
