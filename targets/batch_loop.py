@@ -20,7 +20,7 @@ import queue
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,16 +62,27 @@ class BatchLoop:
 
     def __init__(self, runtime: BatchRuntime, session: Session) -> None:
         self._runtime = runtime
-        self._session = session
+        # weakly: a batched session its owner dropped unclosed is freed (and the loop with
+        # it, by the finalizer), as a single-stream one is
+        self._session = weakref.ref(session)
+        # held by readers around the session's tokenizer calls (prompt, text) and by the
+        # session's close around freeing the runtime: a reader never detokenizes on a
+        # freed model (a single-stream reader holds the scheduler's turn for that)
+        self.readers = threading.RLock()
         self._cond = threading.Condition()
         # weakly held, as the single-stream scheduler holds its tickets: a stream its
         # reader dropped leaves the batch (its __del__ closes it; a dead ref counts too)
         self._waiting: deque[weakref.ref[BatchedGeneration]] = deque()
         self._running: dict[int, weakref.ref[BatchedGeneration]] = {}
         self._ids = itertools.count(1)
+        self._delivered: dict[int, int] = {}  # tokens handed to each running request
+        # every generation queued and not yet read to its end (closing the loop closes
+        # them: one the runtime finished may still have chunks its reader has not read)
+        self._all: weakref.WeakSet[BatchedGeneration] = weakref.WeakSet()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="edgekit-batch", daemon=True)
         self._thread.start()
+        weakref.finalize(session, self.close)
 
     @property
     def slots(self) -> int:
@@ -98,19 +109,31 @@ class BatchLoop:
             generation.cancel()
 
     def generations(self) -> list[BatchedGeneration]:
+        """The generations queued, running or not yet read to their end."""
         with self._cond:
-            return _alive([*self._running.values(), *self._waiting])
+            return [g for g in list(self._all) if not g.ended]
 
     # --- called by the generations ------------------------------------------------------
 
-    def _submit(self, generation: BatchedGeneration) -> int:
+    def session(self) -> Session:
+        """The session this loop serves.
+
+        Raises:
+            GenerationError: it is gone (closed and dropped).
+        """
+        session = self._session()
+        if session is None:
+            raise GenerationError("the session is closed", hint="load the model again")
+        return session
+
+    def _submit(self, generation: BatchedGeneration) -> None:
         with self._cond:
             if self._stopping:
                 raise GenerationError("the session is closed", hint="load the model again")
-            rid = next(self._ids)
+            generation.rid = next(self._ids)  # set before the loop can see it
             self._waiting.append(weakref.ref(generation))
+            self._all.add(generation)
             self._cond.notify_all()
-            return rid
 
     def _wake(self) -> None:
         with self._cond:
@@ -119,30 +142,55 @@ class BatchLoop:
     # --- the loop -------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stopping and not self._work():
-                    self._cond.wait()
-                if self._stopping:
-                    break
-                self._retire()
-                self._admit()
-                busy = bool(self._running)
-            if busy:
-                self._step()
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._work():
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    self._retire()
+                    self._admit()
+                    busy = bool(self._running)
+                if busy:
+                    self._step()
+        except BaseException as exc:  # a bug here must not leave every reader waiting
+            log.exception("the batch loop stopped")
+            self._fail_all(_mapped(exc, "the batch loop"))
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            self._stopping = True
+            pending = _alive([*self._running.values(), *self._waiting])
+            self._running.clear()
+            self._waiting.clear()
+        for generation in pending:
+            generation.deliver(_End(None, error))
 
     def _work(self) -> bool:
         return bool(self._running) or bool(self._waiting)
 
     def _retire(self) -> None:
-        """Remove from the runtime what ended, was cancelled or dropped (under the lock)."""
+        """Remove from the runtime what ended, was cancelled or dropped, and from the queue
+        what was cancelled or dropped while waiting (under the lock)."""
         for rid, ref in list(self._running.items()):
             generation = ref()
             if generation is None or generation.withdrawn or generation.done:
-                del self._running[rid]
-                self._remove(rid)
+                self._drop(rid)
                 if generation is not None:
                     generation.deliver(_End("cancelled"))
+        for ref in list(self._waiting):
+            waiting = ref()
+            if waiting is None or waiting.withdrawn:
+                self._waiting.remove(ref)
+                if waiting is not None:
+                    waiting.deliver(_End("cancelled"))
+
+    def _drop(self, rid: int) -> None:
+        """``rid`` leaves the batch now (under the lock)."""
+        self._running.pop(rid, None)
+        self._delivered.pop(rid, None)
+        self._remove(rid)
 
     def _admit(self) -> None:
         """Add waiting requests while slots are free (under the lock)."""
@@ -162,6 +210,7 @@ class BatchLoop:
                 generation.deliver(_End(None, _mapped(exc, "adding a request")))
                 continue
             self._running[generation.rid] = weakref.ref(generation)
+            self._delivered[generation.rid] = 0
             generation.mark_running()
 
     def _step(self) -> None:
@@ -172,6 +221,7 @@ class BatchLoop:
             with self._cond:
                 failed = list(self._running.items())
                 self._running.clear()
+                self._delivered.clear()
             for rid, ref in failed:
                 self._remove(rid)
                 generation = ref()
@@ -182,8 +232,15 @@ class BatchLoop:
             for out in steps:
                 held = self._running.get(out.rid)
                 alive = held() if held is not None else None
-                if alive is not None:
-                    alive.deliver(out)
+                if alive is None:
+                    continue
+                alive.deliver(out)
+                # ended or at max_tokens: it leaves the batch now, not when its reader
+                # gets there (a slow reader must not keep a slot decoding)
+                count = self._delivered.get(out.rid, 0) + len(out.tokens)
+                self._delivered[out.rid] = count
+                if out.end is not None or count >= alive.sampling.max_tokens:
+                    self._drop(out.rid)
 
     def _remove(self, rid: int) -> None:
         try:
@@ -198,7 +255,7 @@ class BatchLoop:
         runtime. Idempotent."""
         with self._cond:
             self._stopping = True
-            pending = _alive([*self._running.values(), *self._waiting])
+            pending = [g for g in list(self._all) if not g.ended]
             self._running.clear()
             self._waiting.clear()
             self._cond.notify_all()
@@ -266,6 +323,11 @@ class BatchedGeneration(GenerationHandle):
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
 
+    @property
+    def ended(self) -> bool:
+        """Read to its end (or closed): no chunk will come any more."""
+        return self._ended
+
     # --- the loop's side ------------------------------------------------------------------
 
     def deliver(self, event: Event) -> None:
@@ -299,25 +361,31 @@ class BatchedGeneration(GenerationHandle):
         if self.withdrawn:
             self._ended, self._state = True, "closed" if self._closed else "finished"
             return
-        session = self._loop_session()
         try:
-            session._refuse_closed()
-            ids = self._make_prompt()
+            with self._loop.readers:  # the session's close waits for this
+                self._loop.session()._refuse_closed()
+                ids = self._make_prompt()
             if len(ids) >= self._loop.context:
                 raise GenerationError(
                     f"the prompt has {len(ids)} tokens; a sequence holds {self._loop.context}",
                     hint="shorten the prompt or load with a larger context",
                 )
             self.prompt_ids = tuple(ids)
-            self._text = TokenText(session.detokenize, self.sampling.stop, self.prompt_ids)
+            self._text = TokenText(self._detokenize, self.sampling.stop, self.prompt_ids)
             self._state = "queued"
-            self.rid = self._loop._submit(self)
+            self._loop._submit(self)
         except BaseException as exc:
             self._error, self._ended, self._state = exc, True, "finished"
             raise
 
-    def _loop_session(self) -> Session:
-        return self._loop._session
+    def _detokenize(self, ids: Sequence[int]) -> str:
+        """The session's detokenize, never on a closed (freed) session: text after the
+        close is moot, so it is empty."""
+        with self._loop.readers:
+            session = self._loop._session()
+            if session is None or session._ended:
+                return ""
+            return session.detokenize(ids)
 
     def _consume(self, event: Event) -> StreamChunk | None:
         if isinstance(event, _End):
@@ -370,6 +438,9 @@ class BatchedGeneration(GenerationHandle):
         if self._ended and not self._closed:
             return
         self.withdrawn = True
+        # the reader skips what the loop handed it before and ends on this (the loop may
+        # have let the request go already: it reached max_tokens in the runtime)
+        self._events.put(_End("cancelled"))
         self._loop._wake()
 
     def close(self) -> None:

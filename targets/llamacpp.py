@@ -243,15 +243,19 @@ class LlamaCppSession(Session):
     def _start_batch(self, settings: Settings) -> None:
         from edgekit.targets.llamacpp_batch import open_batch
 
-        runtime = open_batch(
-            self._llm,
-            slots=settings.parallel,
-            context=settings.context,
-            threads=settings.threads,
-            batch=max(settings.batch, settings.parallel),
-            kv_cache=settings.kv_cache,
-            seed=settings.seed,
-        )
+        try:
+            runtime = open_batch(
+                self._llm,
+                slots=settings.parallel,
+                context=settings.context,
+                threads=settings.threads,
+                batch=max(settings.batch, settings.parallel),
+                kv_cache=settings.kv_cache,
+                seed=settings.seed,
+            )
+        except BaseException:
+            self._llm.close()  # the model is freed now, not when the traceback goes
+            raise
         self._use_batching(runtime)
         self.info.settings["parallel"] = settings.parallel
 

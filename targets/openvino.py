@@ -291,6 +291,18 @@ class OpenVinoSession(Session):
         self._device = settings.device
         self._max_prompt = settings.max_prompt_len if settings.kind == "NPU" else None
         batch = self._open_pipeline(openvino_genai, folder, settings, parallel)
+        try:
+            self._finish_init(openvino_genai, folder, settings, parallel)
+        except BaseException:
+            if batch is not None:  # the batch's pipeline is freed now, not by the GC
+                batch.close()
+            raise
+        if batch is not None:  # last: nothing above can fail with its loop running
+            self._use_batching(batch)
+
+    def _finish_init(
+        self, openvino_genai: Any, folder: Path, settings: Settings, parallel: int
+    ) -> None:
         self._genai = openvino_genai
         self._folder = folder
         self._read_tokenizer_files(folder)
@@ -320,8 +332,6 @@ class OpenVinoSession(Session):
             vocab_size=vocab_size(read_json(folder / "config.json"), self._tokenizer),
             unit=settings.kind.lower(),
         )
-        if batch is not None:  # last: nothing above can fail with its loop running
-            self._use_batching(batch)
 
     def _open_pipeline(
         self, genai: Any, folder: Path, settings: Settings, parallel: int

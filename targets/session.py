@@ -24,6 +24,7 @@ bad arguments and GenerationError for everything the runtime does wrong.
 
 from __future__ import annotations
 
+import contextlib
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -102,8 +103,9 @@ class Session(ClosedOnExit):
         return token if token is not None else CancelToken()
 
     def cancel(self) -> None:
-        """Stop the generation running now (from any thread) at its next token. Queued
-        generations are not touched: cancel one through its own handle."""
+        """Stop the generation running now (from any thread) at its next token; on a
+        batched session, every generation running now. Queued generations are not
+        touched: cancel one through its own handle."""
         holder = self._scheduler.holder()
         if holder is not None and holder.cancel is not None:
             holder.cancel.set()
@@ -255,11 +257,13 @@ class Session(ClosedOnExit):
         first, whichever thread reads it (it yields nothing more; one inside a token stops
         after it), and queued ones never start: close never waits on a stream that its
         reader left half-read, which would be forever."""
+        readers: Any = contextlib.nullcontext()
         if self._batch is not None:  # its generations end cancelled, its runtime is freed
             with backend_errors(target_of(self), "closing the batch"):
                 self._batch.close()
+            readers = self._batch.readers  # no batched reader is inside the tokenizer now
         for generation in self._scheduler.generations():
             generation.close()
-        with self._scheduler.turn(), backend_errors(target_of(self), "closing"):
+        with self._scheduler.turn(), readers, backend_errors(target_of(self), "closing"):
             self._ended = True
             self._close()

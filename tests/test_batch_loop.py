@@ -41,6 +41,7 @@ class FakeBatch:
         self.fail_step = False
         self.eos_after: int | None = None
         self.closed = 0
+        self.generated: dict[int, int] = {}  # tokens made for each request
 
     @property
     def slots(self) -> int:
@@ -74,6 +75,7 @@ class FakeBatch:
                 continue
             token = ord(TEXT[(self.starts[rid] + n) % len(TEXT)])
             tokens.append(token)
+            self.generated[rid] = n + 1
             end = "length" if len(tokens) >= self._context else None
             out.append(SeqStep(rid=rid, tokens=(token,), end=end, cached=3 if n == 0 else 0))
         return out
@@ -297,3 +299,61 @@ def test_token_text_keeps_characters_and_spaces_whole() -> None:
 
 
 VOCAB: list[str] = []
+
+
+# --- second review ------------------------------------------------------------------------
+
+
+def test_a_cancelled_queued_request_ends_at_once_while_the_slots_are_busy() -> None:
+    runtime = FakeBatch(slots=1, delay=0.002)
+    with ByteSession(runtime) as session:
+        busy = session.stream("busy", max_tokens=100_000)
+        next(busy)
+        queued = session.stream("queued", max_tokens=5)
+        waiter: list[Any] = []
+        reader = threading.Thread(target=lambda: waiter.append(list(queued)))
+        reader.start()
+        assert _soon(lambda: (session.batch_stats() or FakeStats()).waiting == 1)
+        queued.cancel()
+        reader.join(2)
+        assert not reader.is_alive() and waiter[0][-1].finish_reason == "cancelled"
+        assert _soon(lambda: (session.batch_stats() or FakeStats()).waiting == 0)
+        busy.close()
+
+
+class FakeStats:
+    waiting = -1
+
+
+def test_a_slow_reader_does_not_keep_its_slot_decoding_past_max_tokens() -> None:
+    runtime = FakeBatch(slots=1, delay=0.001)
+    with ByteSession(runtime) as session:
+        slow = session.stream("slow", max_tokens=3)
+        next(slow)  # then the reader sleeps: the loop frees the slot at the third token
+        assert _soon(lambda: 1 in runtime.removed)
+        assert runtime.generated[1] == 3  # not one token more in the runtime
+        assert session.generate("next", max_tokens=2).completion_tokens == 2
+        assert slow.result().completion_tokens == 3
+
+
+def test_a_bug_in_the_loop_fails_every_reader_instead_of_hanging_them(batch: FakeBatch) -> None:
+    def broken() -> list[Any]:
+        return [object()]  # not a SeqStep: the loop's own code fails on it
+
+    with ByteSession(batch) as session:
+        batch.step = broken  # type: ignore[method-assign]
+        with pytest.raises(GenerationError, match="batch loop"):
+            session.generate("anything", max_tokens=4)
+
+
+def test_a_dropped_batched_session_is_freed_with_its_loop() -> None:
+    import weakref
+
+    runtime = FakeBatch(slots=2)
+    session = ByteSession(runtime)
+    assert session.generate("x", max_tokens=2).completion_tokens == 2
+    gone = weakref.ref(session)
+    del session
+    gc.collect()
+    assert gone() is None
+    assert _soon(lambda: runtime.closed == 1)  # the finalizer stopped the loop

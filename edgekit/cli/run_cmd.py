@@ -312,7 +312,7 @@ def serve_command(
     from dataclasses import replace
 
     import edgekit.serve
-    from edgekit.errors import ServeError
+    from edgekit.errors import InsufficientMemoryError, ServeError
     from edgekit.serve_config import ServeConfig, is_loopback
 
     if parallel is not None and queue_size < parallel:
@@ -343,9 +343,20 @@ def serve_command(
                 "who can reach this port can use the model",
             )
         )
-    if parallel is None:  # the plan's: the streams whose KV caches fit beside the weights
+    planned = parallel is None
+    if planned:  # the plan's: the streams whose KV caches fit beside the weights
         parallel = _planned_parallel(bundle, variant, device, context, queue_size)
-    with _load(bundle, variant, device, context, threads, force, parallel) as session:
+    try:
+        session = _load(bundle, variant, device, context, threads, force, parallel)
+    except InsufficientMemoryError:
+        if not planned or not parallel or parallel <= 1:
+            raise
+        # the memory free moved between the plan and the load: serve one at a time
+        err_console.print(
+            render.text(f"note: {parallel} streams no longer fit; serving one at a time", "dim")
+        )
+        session = _load(bundle, variant, device, context, threads, force, None)
+    with session:
         name = session.bundle.manifest.name
         err_console.print(
             render.line(
