@@ -161,10 +161,15 @@ def _plan(url: str, **kw: Any) -> LoadPlan:
 
 
 def test_percentiles_agree_with_the_servers_timestamps(fake: FakeOpenAI) -> None:
-    result = run_loadtest(_plan(fake.url, concurrency=(1, 2)))
-    assert [lv.label() for lv in result.levels] == ["1 client", "2 clients"]
-    assert result.model == "fake-model"  # the first the server lists
-    for level in result.levels:
+    sweep = run_loadtest(_plan(fake.url, concurrency=(1, 2)))
+    assert [lv.label() for lv in sweep.levels] == ["1 client", "2 clients"]
+    assert sweep.model == "fake-model"  # the first the server lists
+    # one level a run, each checked before the next: the fake files what it sent under
+    # the prompt's index, which every level numbers from 0 again
+    levels = []
+    for concurrency in (1, 2):
+        (level,) = run_loadtest(_plan(fake.url, concurrency=(concurrency,))).levels
+        levels.append(level)
         assert level.ok == level.requests == 10 and level.errors == 0
         tool_ttft, server_ttft, tool_itl, server_itl = [], [], [], []
         for r in level.records:
@@ -191,7 +196,7 @@ def test_percentiles_agree_with_the_servers_timestamps(fake: FakeOpenAI) -> None
         # throughput: what was generated over the level's wall time
         assert level.output_tokens_per_s == pytest.approx(50 / level.duration_s)
         assert level.requests_per_s == pytest.approx(10 / level.duration_s)
-    one, two = result.levels
+    one, two = levels
     assert two.duration_s < one.duration_s  # two clients at once: the fake serves both
 
 
