@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -94,6 +95,36 @@ async def test_device_tab_shows_the_probe_and_sets_the_plan_device(tmp_path: Pat
         app.query_one("#device-select").value = "jetson-orin-nano-super"  # type: ignore[attr-defined]
         await wait_for(pilot, lambda: "Jetson Orin Nano" in text(app, "#plan-summary"))
         assert app.sources.device == "jetson-orin-nano-super"
+
+
+async def test_a_slow_plan_for_the_previous_device_never_lands_over_the_current_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread worker cannot be stopped: the first plan (the Galaxy) is held until the
+    Jetson's has shown, then let finish; what it found must be dropped. (CI, under load,
+    once showed the Galaxy's late plan over the Jetson's.)"""
+    import edgekit.tui.plan as plan_tab
+
+    real = plan_tab.resolve_device
+    started, release = threading.Event(), threading.Event()
+
+    def slow_for_the_galaxy(device: str) -> Any:
+        if device == "galaxy-s25-ultra":
+            started.set()
+            release.wait(60)
+        return real(device)
+
+    monkeypatch.setattr(plan_tab, "resolve_device", slow_for_the_galaxy)
+    app = app_for(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, started.is_set)
+        app.query_one("#device-select").value = "jetson-orin-nano-super"  # type: ignore[attr-defined]
+        await wait_for(pilot, lambda: "Jetson Orin Nano" in text(app, "#plan-summary"))
+        release.set()
+        await wait_for(pilot, lambda: all(w.is_finished for w in app.workers if w.group == "plan"))
+        await pilot.pause(0.2)
+        assert "Jetson Orin Nano" in text(app, "#plan-summary")
+        assert "Galaxy" not in text(app, "#plan-summary")
 
 
 async def test_a_failing_probe_becomes_a_notification(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from edgekit.converters.planner import (
     DEFAULT_CONTEXT,
@@ -19,6 +20,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.timer import Timer
 from textual.widgets import DataTable, Input, Label, Static
+from textual.worker import get_current_worker
 
 from edgekit.cli.plan_view import COLUMNS, candidate_cells, parse_size, parse_watts
 from edgekit.devices import DeviceProfile
@@ -107,24 +109,32 @@ class PlanPane(Vertical):
                 content("[red]$message[/red] ($hint)", message=exc.message, hint=exc.hint)
             )
             return
-        self.plan_in_background(budgets)
+        self.plan_in_background(budgets, self.edgekit.sources.device)
 
     @work(thread=True, exclusive=True, group="plan")
-    def plan_in_background(self, budgets: Budgets) -> None:
-        sources = self.edgekit.sources
+    def plan_in_background(self, budgets: Budgets, device: str) -> None:
+        # A newer plan cancels this worker, but a thread runs on to its end: its result
+        # (or its error) is delivered only if no newer plan started meanwhile, else a slow
+        # plan for the previous device would land after, and over, the current one.
+        worker = get_current_worker()
+
+        def deliver(callback: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+            if not worker.is_cancelled:
+                callback(*args, **kwargs)
+
         try:
             if self._spec is None:
-                self._spec = inspect_model(sources.plan_model())
-            if sources.device not in self._profiles:
-                self._profiles[sources.device] = resolve_device(sources.device)
-            profile, key = self._profiles[sources.device]
+                self._spec = inspect_model(self.edgekit.sources.plan_model())
+            if device not in self._profiles:
+                self._profiles[device] = resolve_device(device)
+            profile, key = self._profiles[device]
             result = plan(
                 self._spec, profile, with_budget_defaults(self._spec, budgets), calibrate_for=key
             )
         except EdgekitError as exc:
-            self.app.call_from_thread(self.edgekit.report, exc, title="plan")
+            self.app.call_from_thread(deliver, self.edgekit.report, exc, title="plan")
             return
-        self.app.call_from_thread(self.show, result)
+        self.app.call_from_thread(deliver, self.show, result)
 
     def show(self, result: Plan) -> None:
         b = result.budgets
