@@ -86,6 +86,16 @@ class BatchRuntime(Protocol):
         for prefix reuse, but never read by another sequence beyond the shared prefix."""
         ...
 
+    def forget_prefixes(self) -> None:
+        """Drop the KV cache kept for prefix reuse by sequences that are not running
+        (``Session.clear_cache``): the next prompt is evaluated from scratch, unless it
+        shares a prefix with a sequence running now.
+
+        Raises:
+            GenerationError: the runtime has no way to drop it.
+        """
+        ...
+
     def close(self) -> None:
         """Free the runtime's memory. Idempotent."""
         ...

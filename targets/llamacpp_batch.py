@@ -309,6 +309,17 @@ class LlamaCppBatch:
                 slot.free()
                 return
 
+    def forget_prefixes(self) -> None:
+        """Drop the caches that free slots keep for prefix reuse (Session.clear_cache)."""
+        import llama_cpp as lib
+
+        ctx = self._open()
+        memory = lib.llama_get_memory(ctx)
+        for slot in self._slots:
+            if not slot.busy:
+                lib.llama_memory_seq_rm(memory, slot.seq, -1, -1)
+                slot.forget()
+
     # --- steps --------------------------------------------------------------------------
 
     def step(self) -> list[SeqStep]:

@@ -384,6 +384,19 @@ class OpenVinoBatch:
         computed = (*live.prompt, *live.sampled[:-1]) if live.reported else ()
         self._prefix.release(rid, computed)
 
+    def forget_prefixes(self) -> None:
+        """openvino-genai's ContinuousBatchingPipeline has no call that drops its prefix
+        cache (its block manager keeps every finished sequence's blocks until the pool needs
+        them): refused rather than claimed.
+
+        Raises:
+            GenerationError: always.
+        """
+        raise GenerationError(
+            "OpenVINO's batch pipeline cannot drop its prefix cache",
+            hint="load the model again to start from an empty cache, or load without parallel",
+        )
+
     def close(self) -> None:
         """Free the pipeline and its KV cache. Idempotent."""
         pipe, self._pipe = self._pipe, None

@@ -172,6 +172,8 @@ def _check_clear_cache(impl: Callable[..., None]) -> Callable[..., None]:
     def clear_cache(self: Session) -> None:
         with self._scheduler.turn(), backend_errors(target_of(self), "clearing the cache"):
             impl(self)
+        if self._batch is not None:  # and the prefixes the batch keeps, between two steps
+            self._batch.forget_prefixes()
 
     return clear_cache
 

@@ -248,9 +248,14 @@ class Session(ClosedOnExit):
     ) -> GenerationHandle:
         return self.start(checks.messages(messages), sampling, **overrides)
 
-    def clear_cache(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+    def clear_cache(self) -> None:
         """Forget cached prompt state, so the next prompt is evaluated from scratch
-        (runtimes that reuse a shared prompt prefix override this; benchmarks call it)."""
+        (runtimes that reuse a shared prompt prefix override this; benchmarks call it). A
+        batched session also drops the prefixes its finished requests left (the running
+        ones keep theirs); a runtime that cannot drop them raises GenerationError.
+        (An override runs wrapped, and the wrapper drops the batch's prefixes after it.)"""
+        if self._batch is not None:
+            self._batch.forget_prefixes()
 
     def close(self) -> None:
         """Free the model's memory. Idempotent. Every generation not finished is closed

@@ -42,6 +42,8 @@ class FakeBatch:
         self.eos_after: int | None = None
         self.closed = 0
         self.generated: dict[int, int] = {}  # tokens made for each request
+        self.forgot: list[str] = []  # the thread of each forget_prefixes call
+        self.refuse_forget = False
 
     @property
     def slots(self) -> int:
@@ -83,6 +85,11 @@ class FakeBatch:
     def remove(self, rid: int) -> None:
         self.running.pop(rid, None)
         self.removed.append(rid)
+
+    def forget_prefixes(self) -> None:
+        self.forgot.append(threading.current_thread().name)
+        if self.refuse_forget:
+            raise RuntimeError("no call drops the prefix cache")
 
     def close(self) -> None:
         self.closed += 1
@@ -357,3 +364,19 @@ def test_a_dropped_batched_session_is_freed_with_its_loop() -> None:
     gc.collect()
     assert gone() is None
     assert _soon(lambda: runtime.closed == 1)  # the finalizer stopped the loop
+
+
+def test_clear_cache_drops_the_batch_prefixes_on_the_loop_thread(batch: FakeBatch) -> None:
+    batch.delay = 0.002
+    with ByteSession(batch) as session:
+        running = session.stream("first", max_tokens=40, temperature=0)
+        next(running)
+        session.clear_cache()  # between two steps, while a stream runs
+        assert batch.forgot == ["edgekit-batch"]
+        assert running.result().text == expected("first", 40)  # the running one goes on
+        batch.refuse_forget = True
+        with pytest.raises(GenerationError, match="dropping the cached prefixes"):
+            session.clear_cache()
+        assert session.generate("next", max_tokens=3, temperature=0).text == expected("next", 3)
+    with pytest.raises(GenerationError, match="closed"):
+        session.clear_cache()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edgekit.errors import GenerationError
 from tests.contract.conftest import Variant
 from tests.contract.test_session_contract import ABANDON_S, GREEDY, PROMPTS, WAIT_S
 
@@ -130,6 +131,21 @@ def test_an_abandoned_stream_returns_at_once_and_frees_its_slot(batched: Any) ->
     g = batched.generate(PROMPTS[3], max_tokens=4, **GREEDY)
     assert g.completion_tokens == 4
     streams[-1].close()
+
+
+def test_clear_cache_drops_the_kept_prefixes_or_says_it_cannot(batched: Any) -> None:
+    # the same prompt twice: the second may reuse the first's prefix
+    for _ in range(2):
+        again = batched.stream(PROMPTS[0], max_tokens=4, **GREEDY)
+        again.result()
+    try:
+        batched.clear_cache()
+    except GenerationError as exc:  # a runtime with no way to drop them says so
+        assert "cannot drop" in exc.message and exc.hint
+        return
+    after = batched.stream(PROMPTS[0], max_tokens=4, **GREEDY)
+    assert after.result().completion_tokens == 4
+    assert after.cached_tokens == 0, f"{again.cached_tokens} reused before, still some after"
 
 
 def test_closing_the_session_ends_every_stream(variant: Variant) -> None:
