@@ -132,9 +132,19 @@ def prompt_text(words: int, index: int) -> str:
 
 
 def run_loadtest(
-    plan: LoadPlan, *, progress: Callable[[str], None] | None = None
+    plan: LoadPlan,
+    *,
+    progress: Callable[[str], None] | None = None,
+    level_done: Callable[[LevelResult], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> LoadTestResult:
     """Run the sweep ``plan`` describes (concurrency levels, then rates).
+
+    ``progress`` is told each level as it starts, ``level_done`` gets each level's result
+    as it ends (both on this thread, between levels: nothing measured waits for them).
+    Once ``stop`` is set no request starts, streams in flight are cut at their next line
+    (one the server has not begun to answer waits for its first line, or its timeout), and
+    the result holds the levels that ended before (the one cut short is left out).
 
     Raises:
         ServeError: the URL is refused (``server_for``), the server lists no model, or
@@ -144,8 +154,10 @@ def run_loadtest(
     model = plan.model or first_model(server)
     body = _bodies(plan, model)
     for i in range(plan.warmup):
-        record = stream_one(server, plan.endpoint, body(-1 - i), index=-1 - i, t0=0.0)
-        if not record.ok:
+        if _stopped(stop):
+            break
+        record = stream_one(server, plan.endpoint, body(-1 - i), index=-1 - i, t0=0.0, stop=stop)
+        if not record.ok and not _stopped(stop):
             raise ServeError(
                 f"the warm-up request failed: {record.error}",
                 hint="check the URL, the model name (--model) and the API key (--api-key)",
@@ -154,18 +166,23 @@ def run_loadtest(
     sweep: list[tuple[Mode, float]] = [("concurrency", c) for c in plan.concurrency]
     sweep += [("rate", r) for r in plan.rates]
     for mode, value in sweep:
+        if _stopped(stop):
+            break
         if progress is not None:
             progress(f"{value:g} clients at once" if mode == "concurrency" else f"{value:g}/s")
         before = read_power(server) if local else None
         if mode == "concurrency":
-            records, duration = closed_loop(server, plan, int(value), body)
+            records, duration = closed_loop(server, plan, int(value), body, stop=stop)
         else:
-            records, duration = open_loop(server, plan, value, body)
+            records, duration = open_loop(server, plan, value, body, stop=stop)
         energy = None
-        if before is not None:
-            time.sleep(SETTLE_S)
+        if before is not None and not _wait(stop, SETTLE_S):
             energy = energy_between(before, read_power(server))
+        if _stopped(stop):
+            break  # cut short: its figures would mix finished and cut requests
         levels.append(summarize(mode, value, records, duration, energy))
+        if level_done is not None:
+            level_done(levels[-1])
     return LoadTestResult(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         edgekit_version=__version__,
@@ -180,6 +197,18 @@ def run_loadtest(
         duration_s=plan.duration_s,
         levels=tuple(levels),
     )
+
+
+def _stopped(stop: threading.Event | None) -> bool:
+    return stop is not None and stop.is_set()
+
+
+def _wait(stop: threading.Event | None, seconds: float) -> bool:
+    """Sleep ``seconds``, or less if ``stop`` is set meanwhile: whether it was."""
+    if stop is None:
+        time.sleep(seconds)
+        return False
+    return stop.wait(seconds)
 
 
 def _bodies(plan: LoadPlan, model: str) -> Callable[[int], dict[str, Any]]:
@@ -226,9 +255,15 @@ Body = Callable[[int], dict[str, Any]]
 
 
 def closed_loop(
-    server: Server, plan: LoadPlan, clients: int, body: Body
+    server: Server,
+    plan: LoadPlan,
+    clients: int,
+    body: Body,
+    *,
+    stop: threading.Event | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """``clients`` threads, each sending its next request when the last one ended."""
+    """``clients`` threads, each sending its next request when the last one ended (none
+    once ``stop`` is set)."""
     t0 = time.perf_counter()
     deadline = t0 + plan.duration_s
     numbers = itertools.count()
@@ -239,9 +274,9 @@ def closed_loop(
         while True:
             with lock:
                 index = next(numbers)
-            if index >= plan.requests or time.perf_counter() >= deadline:
+            if index >= plan.requests or time.perf_counter() >= deadline or _stopped(stop):
                 return
-            record = stream_one(server, plan.endpoint, body(index), index=index, t0=t0)
+            record = stream_one(server, plan.endpoint, body(index), index=index, t0=t0, stop=stop)
             with lock:
                 records.append(record)
 
@@ -267,21 +302,28 @@ def arrivals(plan: LoadPlan, rate: float) -> list[float]:
 
 
 def open_loop(
-    server: Server, plan: LoadPlan, rate: float, body: Body
+    server: Server,
+    plan: LoadPlan,
+    rate: float,
+    body: Body,
+    *,
+    stop: threading.Event | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """Requests sent at ``arrivals``, each on a thread of its own, answered or not."""
+    """Requests sent at ``arrivals``, each on a thread of its own, answered or not (none
+    once ``stop`` is set)."""
     t0 = time.perf_counter()
     lock = threading.Lock()
     records: list[RequestRecord] = []
     threads: list[threading.Thread] = []
 
     def one(index: int) -> None:
-        record = stream_one(server, plan.endpoint, body(index), index=index, t0=t0)
+        record = stream_one(server, plan.endpoint, body(index), index=index, t0=t0, stop=stop)
         with lock:
             records.append(record)
 
     for index, at in enumerate(arrivals(plan, rate)):
-        time.sleep(max(0.0, t0 + at - time.perf_counter()))
+        if _wait(stop, max(0.0, t0 + at - time.perf_counter())):
+            break
         threads = [t for t in threads if t.is_alive()]
         if len(threads) >= MAX_IN_FLIGHT:
             with lock:

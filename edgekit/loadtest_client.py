@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from edgekit.untrusted import clean_text
 MAX_LINE = 1 << 20  # one server-sent event line
 MAX_BODY = 1 << 20  # a JSON answer, an error, or /metrics
 ENDPOINTS = {"completions": "/completions", "chat": "/chat/completions"}
+STOPPED = "stopped: the run was stopped"  # the error of a request cut short by ``stop``
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,9 +200,19 @@ def _int(value: Any) -> int | None:
 
 
 def stream_one(
-    server: Server, endpoint: str, body: dict[str, Any], *, index: int, t0: float
+    server: Server,
+    endpoint: str,
+    body: dict[str, Any],
+    *,
+    index: int,
+    t0: float,
+    stop: threading.Event | None = None,
 ) -> RequestRecord:
-    """Send one streamed request and time it (never raises: a failure is in ``error``)."""
+    """Send one streamed request and time it (never raises: a failure is in ``error``).
+
+    Once ``stop`` is set the stream is cut at its next line (error ``STOPPED``): a run
+    being stopped does not wait for every answer in flight to finish.
+    """
     sent = time.perf_counter()
     stream = _Stream()
     status = 0
@@ -217,7 +229,7 @@ def stream_one(
         if status != 200:
             stream.error = f"HTTP {status}: " + _error_text(response.read(MAX_BODY))
         else:
-            _read_events(response, stream, deadline=sent + server.timeout_s)
+            _read_events(response, stream, deadline=sent + server.timeout_s, stop=stop)
     except (OSError, http.client.HTTPException) as exc:
         stream.error = f"{type(exc).__name__}: {clean_text(exc, max_len=200)}"
     finally:
@@ -237,9 +249,16 @@ def stream_one(
     )
 
 
-def _read_events(response: http.client.HTTPResponse, stream: _Stream, *, deadline: float) -> None:
-    """Read the events until ``[DONE]``, the end of the stream, or ``deadline`` (each read
-    waits at most the connection's timeout, so a trickling server is cut off too)."""
+def _read_events(
+    response: http.client.HTTPResponse,
+    stream: _Stream,
+    *,
+    deadline: float,
+    stop: threading.Event | None = None,
+) -> None:
+    """Read the events until ``[DONE]``, the end of the stream, ``deadline`` (each read
+    waits at most the connection's timeout, so a trickling server is cut off too), or
+    ``stop``."""
     done = False
     while not done:
         line = response.readline(MAX_LINE)
@@ -248,6 +267,9 @@ def _read_events(response: http.client.HTTPResponse, stream: _Stream, *, deadlin
             break
         if now > deadline:
             stream.error = "the answer took longer than the timeout"
+            return
+        if stop is not None and stop.is_set():
+            stream.error = STOPPED
             return
         if not line.endswith(b"\n") and len(line) >= MAX_LINE:
             stream.error = f"an event line over {MAX_LINE} bytes"

@@ -9,8 +9,6 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,126 +20,9 @@ from edgekit.errors import ServeError
 from edgekit.loadtest import LoadPlan, arrivals, parse_metrics, run_loadtest, server_for
 from edgekit.loadtest_stats import percentile, summarize
 from edgekit.serve_metrics import Registry
+from tests.loadtest_fakes import GAP, Behaviour, FakeOpenAI
 
 pytestmark = pytest.mark.timeout(120)
-
-TTFT = (0.03, 0.05, 0.07, 0.09, 0.11)  # the fake's delay before the first token, by index
-GAP = 0.02  # between two tokens
-
-
-@dataclass
-class Sent:
-    """What the fake did for one request, on its own clock (time.perf_counter)."""
-
-    index: int
-    received: float
-    token_times: list[float] = field(default_factory=list)
-
-
-@dataclass
-class Behaviour:
-    busy_every: int = 0  # answer every n-th request with 503 (0: never)
-    fail_at_token: int | None = None  # send an error event instead of this token
-    huge_line: bool = False
-    not_json: bool = False
-    models_status: int = 200
-
-
-class FakeOpenAI:
-    """A streaming OpenAI-compatible server on 127.0.0.1 (HTTP/1.0: the stream ends when
-    the connection closes, as a small server's does)."""
-
-    def __init__(self, behaviour: Behaviour | None = None) -> None:
-        self.behaviour = behaviour or Behaviour()
-        self.sent: dict[int, Sent] = {}
-        self.lock = threading.Lock()
-        self.count = 0
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                fake.get(self)
-
-            def do_POST(self) -> None:
-                fake.post(self)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> FakeOpenAI:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def get(self, h: BaseHTTPRequestHandler) -> None:
-        body = json.dumps({"object": "list", "data": [{"id": "fake-model"}]}).encode()
-        h.send_response(self.behaviour.models_status)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
-
-    def post(self, h: BaseHTTPRequestHandler) -> None:
-        raw = h.rfile.read(int(h.headers["Content-Length"]))
-        received = time.perf_counter()
-        body = json.loads(raw)
-        chat = h.path.endswith("/chat/completions")
-        prompt = body["messages"][0]["content"] if chat else body["prompt"]
-        index = int(prompt.split(".", 1)[0])
-        with self.lock:
-            self.count += 1
-            n = self.count
-        b = self.behaviour
-        if b.busy_every and n % b.busy_every == 0:
-            data = json.dumps({"error": {"message": "busy", "code": 503}}).encode()
-            h.send_response(503)
-            h.send_header("Content-Type", "application/json")
-            h.send_header("Content-Length", str(len(data)))
-            h.end_headers()
-            h.wfile.write(data)
-            return
-        sent = Sent(index=index, received=received)
-        if index >= 0:
-            with self.lock:
-                self.sent[index] = sent
-        h.send_response(200)
-        h.send_header("Content-Type", "text/event-stream")
-        h.end_headers()
-        tokens = body["max_tokens"]
-        time.sleep(TTFT[index % len(TTFT)] if index >= 0 else 0.0)
-        for i in range(tokens):
-            if i:
-                time.sleep(GAP)
-            if b.fail_at_token == i:
-                self._event(h, {"error": {"message": "the runtime failed", "code": 500}})
-                return
-            if b.huge_line:
-                h.wfile.write(b"data: " + b"x" * (2 << 20) + b"\n\n")
-                return
-            if b.not_json:
-                h.wfile.write(b"data: {not json\n\n")
-                return
-            delta = {"delta": {"content": "w"}} if chat else {"text": "w"}
-            sent.token_times.append(time.perf_counter())  # as its first byte leaves
-            self._event(h, {"choices": [{"index": 0, **delta, "finish_reason": None}]})
-        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": tokens}
-        self._event(h, {"choices": [], "usage": usage})
-        h.wfile.write(b"data: [DONE]\n\n")
-        h.wfile.flush()
-
-    @staticmethod
-    def _event(h: BaseHTTPRequestHandler, payload: dict[str, Any]) -> None:
-        h.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
-        h.wfile.flush()
 
 
 @pytest.fixture
@@ -410,3 +291,75 @@ def test_metrics_parser_reads_escaped_labels() -> None:
     g.set(1, hostile)
     samples = parse_metrics(r.render())
     assert samples == [("edgekit:model_info", {"model": hostile}, 1.0)]
+
+
+# --- progress and stopping (what the TUI's Load tab drives) ----------------------------------
+
+
+def test_each_level_is_reported_as_it_ends(fake: FakeOpenAI) -> None:
+    seen: list[Any] = []
+    result = run_loadtest(
+        _plan(fake.url, concurrency=(1, 2), requests=3),
+        progress=lambda label: seen.append(label),
+        level_done=lambda level: seen.append(level),
+    )
+    assert seen == ["1 clients at once", result.levels[0], "2 clients at once", result.levels[1]]
+
+
+def test_stop_cuts_a_stream_at_its_next_line(fake: FakeOpenAI) -> None:
+    from edgekit.loadtest_client import STOPPED, Server, request_body, stream_one
+
+    server = Server.from_url(fake.url, api_key=None, timeout_s=30)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    body = request_body("completions", "m", "0. the time", 200, seed=0)  # 200 tokens: 4 s
+    record = stream_one(server, "completions", body, index=0, t0=time.perf_counter(), stop=stop)
+    assert record.error == STOPPED and 0 < record.output_tokens < 200
+    assert record.e2e_s < 1.0
+
+
+def test_stop_ends_a_closed_loop_run_at_once(fake: FakeOpenAI) -> None:
+    """Two clients streaming 4 s answers: stopped, the run returns within a few tokens,
+    sends nothing more, and leaves out the level it cut short."""
+    stop = threading.Event()
+    out: list[Any] = []
+    plan = _plan(fake.url, concurrency=(2, 4), requests=1000, max_tokens=200)
+    runner = threading.Thread(target=lambda: out.append(run_loadtest(plan, stop=stop)))
+    runner.start()
+    end = time.monotonic() + 30
+    while fake.count < 3 and time.monotonic() < end:  # the warm-up, then both clients
+        time.sleep(0.02)
+    time.sleep(0.2)
+    stopped_at = time.monotonic()
+    stop.set()
+    runner.join(10)
+    assert not runner.is_alive() and time.monotonic() - stopped_at < 1.0
+    assert out[0].levels == ()
+    sent = fake.count
+    time.sleep(0.3)
+    assert fake.count == sent == 3
+
+
+def test_stop_between_levels_keeps_the_levels_that_ended(fake: FakeOpenAI) -> None:
+    stop = threading.Event()
+    started: list[str] = []
+    result = run_loadtest(
+        _plan(fake.url, concurrency=(1, 2, 4), requests=2),
+        progress=started.append,
+        level_done=lambda level: stop.set(),
+        stop=stop,
+    )
+    assert [lv.label() for lv in result.levels] == ["1 client"] and len(started) == 1
+    assert result.levels[0].ok == 2
+
+
+def test_stop_ends_an_open_loop_run_and_a_warm_up(fake: FakeOpenAI) -> None:
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    started = time.monotonic()
+    plan = _plan(fake.url, rates=(2.0,), arrival="fixed", requests=100, warmup=0)
+    assert run_loadtest(plan, stop=stop).levels == ()  # 50 s of arrivals, stopped
+    assert time.monotonic() - started < 1.5 and fake.count <= 2
+    # set before the start: the models are listed, nothing is sent, nothing is raised
+    assert run_loadtest(_plan(fake.url), stop=stop).levels == ()
+    assert fake.count <= 2

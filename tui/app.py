@@ -1,11 +1,12 @@
-"""The edgekit terminal UI: one app, five tabs (Device, Plan, Bench, Compare, Chat).
+"""The edgekit terminal UI: one app, six tabs (Device, Plan, Bench, Compare, Chat, Load).
 
 Everything slow (probing, planning, packing, benchmarking, generating) runs in thread
 workers; a worker hands its results back with ``call_from_thread``, so the interface never
 blocks. Errors become notifications carrying the edgekit hint, never a traceback.
 
 The app holds what the tabs share: the model (for planning), the bundle (for Bench and
-Chat), the device chosen on the Device tab, and the folder of saved bench results.
+Chat), the device chosen on the Device tab, the folder of saved bench results, and the
+server the Load tab loads.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from edgekit.tui.bench import BenchPane
 from edgekit.tui.chat import ChatPane
 from edgekit.tui.compare import ComparePane
 from edgekit.tui.device import DevicePane
+from edgekit.tui.loadtest import LoadPane
 from edgekit.tui.plan import PlanPane
 from edgekit.tui.shown import TEXT_MAX
 from edgekit.tui.sources import Sources
@@ -40,6 +42,7 @@ class EdgekitApp(App[None]):
         Binding("b", "show('bench')", "Bench"),
         Binding("c", "show('compare')", "Compare"),
         Binding("h", "show('chat')", "Chat"),
+        Binding("l", "show('load')", "Load"),
         Binding("r", "bench('run')", "Run bench"),
         Binding("s", "bench('stop')", "Stop bench"),
         Binding("q", "quit", "Quit"),
@@ -62,6 +65,8 @@ class EdgekitApp(App[None]):
                 yield ComparePane()
             with TabPane("Chat", id="chat"):
                 yield ChatPane()
+            with TabPane("Load", id="load"):
+                yield LoadPane()
         yield Footer()
 
     def _typing(self) -> bool:

@@ -15,6 +15,14 @@ def default_results() -> Path:
     return cache_root() / "results"
 
 
+def default_load_url() -> str:
+    """Where `edgekit serve` listens when given no --host or --port: the Load tab's first
+    guess at what to load."""
+    from edgekit.serve_config import ServeConfig
+
+    return f"http://{ServeConfig.host}:{ServeConfig.port}/v1"
+
+
 def is_bundle(path: Path) -> bool:
     return (path / "manifest.json").is_file() or (path.is_file() and path.suffix == ".tar")
 
@@ -27,6 +35,8 @@ class Sources:
     bundle: Path | None = None  # what Bench and Chat load
     device: str = "host"  # a profile name, or the probed host
     results: Path = field(default_factory=default_results)  # saved bench results
+    load_url: str = field(default_factory=default_load_url)  # the server the Load tab loads
+    api_key: str | None = field(default=None, repr=False)  # the Load tab's bearer token
     probe: Callable[[], HostReport] = probe_host
     clock: Callable[[], float] = time.monotonic
 

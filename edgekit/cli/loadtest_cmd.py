@@ -5,25 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
 from edgekit.cli import emit_json, err_console, json_option, main, render
-from edgekit.errors import ServeError
+from edgekit.cli.loadtest_view import CAPTION, COLUMNS, level_cells, notes, numbers, title
 
-
-def _numbers(flag: str, text: str | None, kind: type[int] | type[float]) -> tuple[Any, ...]:
-    if not text:
-        return ()
-    try:
-        return tuple(kind(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ServeError(
-            f"{flag} {text!r} is not a list of numbers",
-            hint=f"pass numbers separated by commas, such as {flag} 1,2,4",
-        ) from None
+if TYPE_CHECKING:
+    from edgekit.loadtest_stats import LoadTestResult
 
 
 @main.command("loadtest")
@@ -98,8 +89,8 @@ def loadtest_command(
         endpoint="chat" if endpoint == "chat" else "completions",
         model=model,
         api_key=api_key,
-        concurrency=_numbers("--concurrency", concurrency, int),
-        rates=_numbers("--rate", rate, float),
+        concurrency=numbers("--concurrency", concurrency, int),
+        rates=numbers("--rate", rate, float),
         arrival="fixed" if arrival == "fixed" else "poisson",
         seed=seed,
         requests=requests,
@@ -137,62 +128,18 @@ def loadtest_command(
         err_console.print(render.text(f"saved {output}"))
 
 
-def _ms(spread: Any) -> str:
-    if spread.n == 0:
-        return "-"
-    return f"{spread.p50 * 1e3:.0f} / {spread.p95 * 1e3:.0f} / {spread.p99 * 1e3:.0f}"
-
-
-def _s(spread: Any) -> str:
-    if spread.n == 0:
-        return "-"
-    return f"{spread.p50:.2f} / {spread.p95:.2f} / {spread.p99:.2f}"
-
-
-def _energy(level: Any) -> str:
-    e = level.energy
-    if e is None or e.joules_per_token is None:
-        return "-"
-    mark = "" if e.measured else " (est.)"
-    return f"{e.joules_per_token:.3f}{mark}"
-
-
-def render_result(result: Any) -> None:
+def render_result(result: LoadTestResult) -> None:
     t = Table(
-        title=render.text(
-            f"{result.url} {result.endpoint}, model {result.model}: prompts of about "
-            f"{result.prompt_tokens} tokens, answers up to {result.max_tokens}"
-        ),
+        title=render.text(title(result)),
         title_justify="left",
-        caption="p50 / p95 / p99; out tok/s: all clients together; J/token from the "
-        "server's /metrics (est.: an estimate, not a sensor)",
+        caption=CAPTION,
         caption_justify="left",
     )
-    for column in ("level", "ok", "err", "req/s", "out tok/s", "TTFT ms", "ITL ms", "E2E s"):
+    for column in COLUMNS:
         t.add_column(column, justify="left" if column == "level" else "right")
-    t.add_column("J/token", justify="right")
     for level in result.levels:
-        t.add_row(
-            level.label(),
-            str(level.ok),
-            str(level.errors),
-            f"{level.requests_per_s:.2f}",
-            f"{level.output_tokens_per_s:.1f}",
-            _ms(level.ttft_s),
-            _ms(level.itl_s),
-            _s(level.e2e_s),
-            _energy(level),
-        )
+        t.add_row(*level_cells(level))
     console = render.console()
     console.print(t)
-    for level in result.levels:
-        for kind, n in level.error_kinds.items():
-            console.print(render.line(f"{level.label()}: {n} x ", render.text(kind)))
-    served = [lv.prompt_tokens_mean for lv in result.levels if lv.prompt_tokens_mean is not None]
-    if served:
-        console.print(
-            render.text(
-                f"the server counted {sum(served) / len(served):.0f} prompt tokens a request "
-                f"(asked for about {result.prompt_tokens})"
-            )
-        )
+    for line in notes(result):
+        console.print(render.text(line))

@@ -1,4 +1,4 @@
-"""``edgekit tui``: the terminal UI (Device, Plan, Bench, Compare, Chat)."""
+"""``edgekit tui``: the terminal UI (Device, Plan, Bench, Compare, Chat, Load)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,26 @@ from edgekit.cli import main
     type=click.Path(path_type=Path, file_okay=False),
     help="Folder of saved bench results for the Compare tab [default: the cache's results/].",
 )
-def tui_command(target: Path | None, device: str, results: Path | None) -> None:
+@click.option(
+    "--load-url",
+    help="The server the Load tab loads [default: where `edgekit serve` listens, "
+    "http://127.0.0.1:8000/v1].",
+)
+@click.option(
+    "--api-key", envvar="EDGEKIT_API_KEY", help="The Load tab's bearer token (or $EDGEKIT_API_KEY)."
+)
+def tui_command(
+    target: Path | None,
+    device: str,
+    results: Path | None,
+    load_url: str | None,
+    api_key: str | None,
+) -> None:
     """Open the terminal UI on MODEL_OR_BUNDLE (default: the embedded default model).
 
     A bundle feeds the Bench and Chat tabs; a model feeds the Plan tab (and can be packed
-    for this host from the Bench tab). Keys: d p b c h switch tabs, q quits.
+    for this host from the Bench tab). The Load tab load-tests an OpenAI-compatible
+    server. Keys: d p b c h l switch tabs, q quits.
     """
     try:
         from edgekit.tui.app import run_app
@@ -36,5 +51,7 @@ def tui_command(target: Path | None, device: str, results: Path | None) -> None:
         raise click.ClickException(
             f"the TUI needs textual ({exc.name} is missing): pip install 'edgekit[tui]'"
         ) from exc
-    extra = {"results": results} if results is not None else {}
-    run_app(Sources.from_argument(target, device=device, **extra))
+    extra: dict[str, object] = {"results": results} if results is not None else {}
+    if load_url is not None:
+        extra["load_url"] = load_url
+    run_app(Sources.from_argument(target, device=device, api_key=api_key, **extra))
