@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from edgekit.devices import Accelerator, DeviceProfile
 
 MB = 1 << 20
-SETTINGS = ("device", "context", "kv_cache", "logits")
+SETTINGS = ("device", "context", "kv_cache", "logits", "parallel")
 DEVICES = ("auto", "cpu", "gpu")
 WORKING_SET_SHARE = 0.9  # mlx-lm warns past 0.9 of Metal's recommended working set
 CAP_WHY = "mlx-lm's 0.9 of the GPU working set"
@@ -197,7 +197,10 @@ class MlxTarget(Target):
 
         Settings: ``device`` (auto, cpu, gpu), ``context`` (tokens, up to the model's
         max_position_embeddings), ``kv_cache`` (f16: not quantized, as are bf16 and f32;
-        q8_0 and q4_0: mlx-lm's 8- and 4-bit KV cache), ``logits``.
+        q8_0 and q4_0: mlx-lm's 8- and 4-bit KV cache), ``logits``, ``parallel`` (N > 1:
+        N generations decoded together by mlx-lm's BatchGenerator, each with ``context``
+        tokens of KV cache, prefix reuse on; the cache is not quantized then:
+        targets/mlx_batch.py).
 
         Raises:
             SettingError: an unknown setting, or one of the wrong type or out of range.
@@ -219,7 +222,10 @@ class MlxTarget(Target):
         tokens = context if isinstance(context, int) else DEFAULT_CONTEXT
         kv = given.get("kv_cache", folder.kv_cache)
         bits = kv_bits(kv) if isinstance(kv, str) and kv in ("q8_0", "q4_0") else None
-        check_memory(folder, min(tokens, folder.context_length), bits, cls.host_memory_cap(unit))
+        streams = given.get("parallel")
+        streams = streams if isinstance(streams, int) and streams > 1 else 1
+        context_here = min(tokens, folder.context_length)
+        check_memory(folder, context_here, bits, cls.host_memory_cap(unit), streams=streams)
         return MlxSession(folder, target=cls.name, unit=unit, **given)
 
 
@@ -258,22 +264,26 @@ def kv_cache_bytes(folder: MlxFolder, context: int, bits: int | None) -> int:
     return values * bits // 8 + (values // KV_GROUP) * 2 * folder.activation_bytes
 
 
-def check_memory(folder: MlxFolder, context: int, bits: int | None, cap: MemoryCap | None) -> None:
-    """Refuse ``folder`` when its weights and KV cache exceed ``cap`` (None: no cap).
+def check_memory(
+    folder: MlxFolder, context: int, bits: int | None, cap: MemoryCap | None, *, streams: int = 1
+) -> None:
+    """Refuse ``folder`` when its weights and the KV caches of ``streams`` sequences
+    exceed ``cap`` (None: no cap).
 
     Raises:
         InsufficientMemoryError: with the figures and how to raise the cap.
     """
     if cap is None:
         return
-    kv = kv_cache_bytes(folder, context, bits)
+    kv = streams * kv_cache_bytes(folder, context, bits)
     need = folder.weight_bytes + kv
     if need <= cap.bytes:
         return
     gib = 1 << 30
+    caches = f"{streams} streams x {context:,} tokens" if streams > 1 else f"{context:,} tokens"
     raise InsufficientMemoryError(
         f"{folder.path}: {folder.weight_bytes / gib:.2f} GiB of weights + "
-        f"{kv / gib:.2f} GiB of KV cache at {context:,} tokens = {need / gib:.2f} GiB, "
+        f"{kv / gib:.2f} GiB of KV cache at {caches} = {need / gib:.2f} GiB, "
         f"over {cap.why}: {cap.bytes / gib:.2f} GiB",
         hint=f"{cap.hint}; this one needs a working set of "
         f"{math.ceil(need / WORKING_SET_SHARE / MB):,} MB or more",

@@ -21,12 +21,17 @@ it first), run on MLX's default device (the Metal GPU on Apple silicon; the CPU 
   quantized KV cache the first token is run alone, its cache quantized, and the rest run
   in one pass attending to the quantized cache, so the logits are those of the cache the
   session generates with.
+- ``parallel`` N > 1: generations run N at once through mlx-lm's BatchGenerator
+  (targets/mlx_batch.py), each request with the sampler this session would give it
+  (``sampler_for``, ``generation_seed``); its KV cache is never quantized, so a quantized
+  ``kv_cache`` is refused with it.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from edgekit.targets import checks
@@ -52,11 +57,40 @@ INSTALL_HINT = "pip install 'edgekit[mlx]'"
 KV_BITS = {"f16": None, "bf16": None, "f32": None, "q8_0": 8, "q4_0": 4}
 KV_GROUP = 64
 SEED_SPAN = 1 << 32  # mx.random.seed takes an unsigned 64-bit seed; Sampling's fit in 32
+MAX_PARALLEL = 64  # as llama.cpp's and OpenVINO's batched sessions
 
 
 def kv_bits(kv_cache: str) -> int | None:
     """The KV-cache bits of a ``kv_cache`` setting (None: not quantized)."""
     return KV_BITS[kv_cache]
+
+
+def generation_seed(sampling: Sampling) -> int:
+    """The seed a generation draws with: the one given, else a fresh random one."""
+    return secrets.randbelow(SEED_SPAN) if sampling.seed is None else sampling.seed
+
+
+def sampler_for(
+    samplers: Any, sampling: Sampling, vocab_size: int
+) -> tuple[Callable[[Any], Any], list[Any] | None]:
+    """mlx-lm's sampler and logits processors for ``sampling`` (``samplers`` is
+    mlx_lm.sample_utils): the one mapping of edgekit's sampling settings onto mlx-lm's,
+    for the single-stream session and the batched runtime alike."""
+    temperature = sampling.temperature
+    sampler = samplers.make_sampler(
+        temp=temperature,
+        top_p=sampling.top_p,
+        min_p=sampling.min_p if temperature > 0 else 0.0,
+        # 0 is "off" in both; the whole vocabulary or more keeps every token, which
+        # mlx-lm refuses as a top_k (it takes 1 to vocabulary - 1): off too
+        top_k=sampling.top_k if sampling.top_k < vocab_size else 0,
+    )
+    processors = (
+        samplers.make_logits_processors(repetition_penalty=sampling.repeat_penalty)
+        if sampling.repeat_penalty != 1.0
+        else None
+    )
+    return sampler, processors
 
 
 class MlxSession(Session):
@@ -69,9 +103,11 @@ class MlxSession(Session):
         context: int | None = None,
         kv_cache: str | None = None,
         logits: bool = False,  # accepted for the shared API: logits() always works here
+        parallel: int = 1,
     ) -> None:
         super().__init__()
         checks.flag("logits", logits)
+        parallel = checks.integer("parallel", parallel, low=1, high=MAX_PARALLEL, note="streams")
         n_ctx = (
             min(folder.context_length, DEFAULT_CONTEXT)
             if context is None
@@ -87,6 +123,10 @@ class MlxSession(Session):
         # only None is the default: an empty string is a setting, refused as one
         default = folder.kv_cache or "f16"
         kv = checks.choice("kv_cache", default if kv_cache is None else kv_cache, tuple(KV_BITS))
+        if parallel > 1:  # before the model is read
+            from edgekit.targets.mlx_batch import refuse_quantized_cache
+
+            refuse_quantized_cache(kv, recorded=kv_cache is None)
         try:
             import importlib
 
@@ -105,6 +145,9 @@ class MlxSession(Session):
         self._context = n_ctx
         self._kv_bits = kv_bits(kv)
         self._closed = False
+        # MLX is not safe to drive from two threads at once: with a batch loop running,
+        # logits() on a caller's thread and the loop's steps take turns on this lock
+        self._mlx_lock = threading.RLock()
         with backend_errors(target, f"loading {folder.path}"):
             self._tokenizer = open_tokenizer(Tokenizer, folder.path)
             _check_tokenizer_vocab(self._tokenizer, folder)
@@ -127,6 +170,31 @@ class MlxSession(Session):
             vocab_size=folder.vocab_size,
             unit=unit,
         )
+        if parallel > 1:
+            self._start_batch(target, parallel)
+
+    def _start_batch(self, target: str, parallel: int) -> None:
+        """Generations from now on run ``parallel`` at once (targets/mlx_batch.py)."""
+        from edgekit.targets.mlx import kv_cache_bytes
+        from edgekit.targets.mlx_batch import open_batch
+
+        try:
+            with backend_errors(target, f"opening {parallel} streams"):
+                runtime = open_batch(
+                    self._model,
+                    slots=parallel,
+                    context=self._context,
+                    eos_ids=self._folder.eos_ids,
+                    vocab_size=self._folder.vocab_size,
+                    kv_bits=self._kv_bits,
+                    kv_bytes=kv_cache_bytes(self._folder, self._context, None),
+                    lock=self._mlx_lock,
+                )
+        except BaseException:
+            self._close()  # the model is freed now, not when the traceback goes
+            raise
+        self._use_batching(runtime)
+        self.info.settings["parallel"] = parallel
 
     def _refuse_unquantizable_cache(self, kv: str) -> None:
         """Refuse at load, not at the first prompt, a quantized kv_cache mlx-lm 0.31
@@ -196,8 +264,7 @@ class MlxSession(Session):
             )
         budget = min(sampling.max_tokens, self._context - n)
         mx = self._mx
-        seed = secrets.randbelow(SEED_SPAN) if sampling.seed is None else sampling.seed
-        mx.random.seed(seed)
+        mx.random.seed(generation_seed(sampling))
         steps = self._generate.generate_step(
             mx.array(list(prompt_tokens)),
             self._model,
@@ -213,20 +280,7 @@ class MlxSession(Session):
         """generate_step's keyword arguments for ``sampling`` on this session: the
         sampler, the logits processors, a fresh prompt cache and the KV bits (the
         benchmark calls generate_step with these to measure edgekit's overhead)."""
-        temperature = sampling.temperature
-        sampler = self._samplers.make_sampler(
-            temp=temperature,
-            top_p=sampling.top_p,
-            min_p=sampling.min_p if temperature > 0 else 0.0,
-            # 0 is "off" in both; the whole vocabulary or more keeps every token, which
-            # mlx-lm refuses as a top_k (it takes 1 to vocabulary - 1): off too
-            top_k=sampling.top_k if sampling.top_k < self._folder.vocab_size else 0,
-        )
-        processors = (
-            self._samplers.make_logits_processors(repetition_penalty=sampling.repeat_penalty)
-            if sampling.repeat_penalty != 1.0
-            else None
-        )
+        sampler, processors = sampler_for(self._samplers, sampling, self._folder.vocab_size)
         return {
             "sampler": sampler,
             "logits_processors": processors,
@@ -272,7 +326,7 @@ class MlxSession(Session):
         self._check_open()
         mx = self._mx
         ids = mx.array([list(tokens)])
-        with mx.stream(self._generate.generation_stream):
+        with self._mlx_lock, mx.stream(self._generate.generation_stream):
             if self._kv_bits is None:
                 out = self._model(ids)
             else:
