@@ -1215,6 +1215,43 @@ def test_serve_cli_parallel_defaults_to_the_plan(
     assert loads[-1].get("parallel") == want
 
 
+@pytest.mark.parametrize("planned", [True, False])
+def test_serve_falls_back_to_one_stream_when_the_planned_batch_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, planned: bool
+) -> None:
+    """A variant whose settings rule batching out (an MLX bundle recorded with a quantized
+    KV cache) is served one at a time when the streams were the plan's; asked for, the
+    refusal is the user's to see."""
+    from click.testing import CliRunner
+
+    import edgekit
+    import edgekit.runtime
+    import edgekit.serve
+    from edgekit.cli import main
+    from edgekit.errors import SettingError
+
+    loads: list[dict[str, Any]] = []
+
+    def load(*a: Any, **k: Any) -> Any:
+        loads.append(k)
+        if k.get("parallel"):
+            raise SettingError("kv_cache q8_0 cannot run batched", hint="load with f16")
+        return _Loaded()
+
+    monkeypatch.setattr(edgekit, "load", load)
+    monkeypatch.setattr(edgekit.runtime, "suggest_parallel", lambda *a, **k: 4)
+    monkeypatch.setattr(edgekit.serve, "serve", lambda s, c: None)
+    args = [] if planned else ["--parallel", "4"]
+    result = CliRunner().invoke(main, ["serve", str(tmp_path / "b"), *args])
+    if planned:
+        assert result.exit_code == 0, result.output
+        assert [k.get("parallel") for k in loads] == [4, None]
+        assert "cannot run together here (kv_cache q8_0 cannot run batched)" in result.output
+    else:
+        assert result.exit_code != 0 and "cannot run batched" in result.output
+        assert [k.get("parallel") for k in loads] == [4]
+
+
 def test_serve_cli_refuses_more_slots_than_the_queue(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

@@ -312,7 +312,7 @@ def serve_command(
     from dataclasses import replace
 
     import edgekit.serve
-    from edgekit.errors import InsufficientMemoryError, ServeError
+    from edgekit.errors import InsufficientMemoryError, ServeError, SettingError
     from edgekit.serve_config import ServeConfig, is_loopback
 
     if parallel is not None and queue_size < parallel:
@@ -348,12 +348,19 @@ def serve_command(
         parallel = _planned_parallel(bundle, variant, device, context, queue_size)
     try:
         session = _load(bundle, variant, device, context, threads, force, parallel)
-    except InsufficientMemoryError:
+    except (InsufficientMemoryError, SettingError) as exc:
         if not planned or not parallel or parallel <= 1:
             raise
-        # the memory free moved between the plan and the load: serve one at a time
+        # The memory free moved between the plan and the load, or the variant's settings
+        # rule batching out (a quantized KV cache the target's batch lacks): serve one at
+        # a time, saying why.
+        why = (
+            "no longer fit"
+            if isinstance(exc, InsufficientMemoryError)
+            else f"cannot run together here ({exc.message})"
+        )
         err_console.print(
-            render.text(f"note: {parallel} streams no longer fit; serving one at a time", "dim")
+            render.text(f"note: {parallel} streams {why}; serving one at a time", "dim")
         )
         session = _load(bundle, variant, device, context, threads, force, None)
     with session:
