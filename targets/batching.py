@@ -17,10 +17,13 @@ prompt, the conversation so far) reports how many prompt tokens it did not recom
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from edgekit.targets.values import Sampling
+
+from edgekit.errors import GenerationError
 
 # Why a sequence ended, as the runtime sees it: "stop" end-of-sequence (never with
 # ignore_eos), "length" the context is full.
@@ -99,3 +102,29 @@ class BatchRuntime(Protocol):
     def close(self) -> None:
         """Free the runtime's memory. Idempotent."""
         ...
+
+
+def check_admission(
+    request: SeqRequest, *, context: int, slots: int, running: Container[int], busy: int
+) -> None:
+    """The checks every runtime's ``add`` makes before it touches its machinery.
+
+    Raises:
+        GenerationError: the prompt is empty or leaves no room for a new token in the
+            context, ``request.rid`` is running already, or all ``slots`` are taken
+            (``busy`` of them).
+    """
+    if not 0 < len(request.prompt) < context:
+        raise GenerationError(
+            f"the prompt has {len(request.prompt)} tokens; a sequence holds {context}, "
+            "the prompt and at least one new token",
+            hint="shorten the prompt or load with a larger context",
+        )
+    if request.rid in running:
+        raise GenerationError(
+            f"request {request.rid} is running already", hint="give each request its own id"
+        )
+    if busy >= slots:
+        raise GenerationError(
+            f"all {slots} slots are taken", hint="remove a request that ended first"
+        )

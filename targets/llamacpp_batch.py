@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgekit.targets import checks
-from edgekit.targets.batching import SeqRequest, SeqStep
+from edgekit.targets.batching import SeqRequest, SeqStep, check_admission
 from edgekit.targets.llamacpp_batch_sampling import new_sampler, sampler_seed
 from edgekit.targets.llamacpp_batch_slots import Part, Placement, Slot, place, plan_step
 from edgekit.targets.llamacpp_runtime import KV_TYPES
@@ -240,23 +240,14 @@ class LlamaCppBatch:
 
         Raises:
             GenerationError: the prompt is empty or does not fit a slot's context, no slot
-                is free, or ``request.rid`` is already running.
+                is free, or ``request.rid`` is running already.
         """
         ctx = self._open()
+        running = {s.rid for s in self._slots if s.busy}
+        check_admission(
+            request, context=self._context, slots=self.slots, running=running, busy=len(running)
+        )
         prompt = request.prompt
-        if not 0 < len(prompt) < self._context:
-            raise GenerationError(
-                f"the prompt has {len(prompt)} tokens; a sequence holds {self._context}",
-                hint="shorten the prompt, or run the batch with a larger context per slot",
-            )
-        if any(s.rid == request.rid for s in self._slots):
-            raise GenerationError(
-                f"request {request.rid} is already running", hint="give every request its own id"
-            )
-        if all(s.busy for s in self._slots):
-            raise GenerationError(
-                f"all {self.slots} slots are busy", hint="remove a finished request first"
-            )
         placement = place(self._slots, prompt, reuse=self._reuse)
         seed = sampler_seed(request.sampling, self._seed)
         with backend_errors(TARGET, "adding a request"):

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgekit.targets import checks
-from edgekit.targets.batching import SeqRequest, SeqStep
+from edgekit.targets.batching import SeqRequest, SeqStep, check_admission
 from edgekit.targets.mlx_runtime import MAX_PARALLEL, generation_seed, sampler_for
 from edgekit.targets.runtime_calls import backend_errors
 
@@ -257,21 +257,14 @@ class MlxBatch:
                 taken, or ``request.rid`` is running already.
         """
         gen = self._open()
+        check_admission(
+            request,
+            context=self._context,
+            slots=self._slots,
+            running=self._live,
+            busy=len(self._live),
+        )
         prompt = list(request.prompt)
-        if not 0 < len(prompt) < self._context:
-            raise GenerationError(
-                f"the prompt has {len(prompt)} tokens; a sequence holds {self._context}, "
-                "the prompt and at least one new token",
-                hint="shorten the prompt or load with a larger context",
-            )
-        if request.rid in self._live:
-            raise GenerationError(
-                f"request {request.rid} is running already", hint="give each request its own id"
-            )
-        if len(self._live) >= self._slots:
-            raise GenerationError(
-                f"all {self._slots} slots are taken", hint="remove a request that ended first"
-            )
         sampling = request.sampling
         with self._lock, backend_errors(TARGET, "adding a request"):
             cache, reused = self._prefix(prompt)

@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 from edgekit.targets import checks
-from edgekit.targets.batching import SeqEnd, SeqRequest, SeqStep
+from edgekit.targets.batching import SeqEnd, SeqRequest, SeqStep, check_admission
 from edgekit.targets.openvino_batch_prefix import PrefixMirror
 from edgekit.targets.openvino_runtime import Settings, configure, read_json
 from edgekit.targets.runtime_calls import MEMORY_HINT, backend_errors
@@ -276,21 +276,14 @@ class OpenVinoBatch:
                 taken, or ``request.rid`` is running already.
         """
         pipe = self._open()
+        check_admission(
+            request,
+            context=self.context,
+            slots=self.slots,
+            running=self._live,
+            busy=len(self._live),
+        )
         prompt = tuple(request.prompt)
-        if not 0 < len(prompt) < self.context:
-            raise GenerationError(
-                f"the prompt has {len(prompt)} tokens; a sequence holds {self.context}, "
-                "the prompt and at least one new token",
-                hint="shorten the prompt or load with a larger context",
-            )
-        if request.rid in self._live:
-            raise GenerationError(
-                f"request {request.rid} is running already", hint="give each request its own id"
-            )
-        if len(self._live) >= self.slots:
-            raise GenerationError(
-                f"all {self.slots} slots are taken", hint="remove a request that ended first"
-            )
         import numpy as np
         import openvino as ov
 

@@ -327,9 +327,9 @@ def test_refusals(session: Any, prompts: list[list[int]]) -> None:
             rt.add(SeqRequest(rid=1, prompt=tuple([1] * CONTEXT), sampling=GREEDY))
         assert err.value.hint
         rt.add(SeqRequest(rid=1, prompt=tuple(prompts[0]), sampling=GREEDY))
-        with pytest.raises(GenerationError, match="already running"):
+        with pytest.raises(GenerationError, match="running already"):
             rt.add(SeqRequest(rid=1, prompt=tuple(prompts[0]), sampling=GREEDY))
-        with pytest.raises(GenerationError, match="busy"):
+        with pytest.raises(GenerationError, match="slots are taken"):
             rt.add(SeqRequest(rid=2, prompt=tuple(prompts[0]), sampling=GREEDY))
         rt.remove(99)  # an unknown id: nothing to free
     with pytest.raises(SettingError):
