@@ -78,7 +78,11 @@ class Served:
         command += ["--parallel", str(parallel), "--threads", str(threads)]
         command += ["--port", str(self.port), "--queue-size", str(max(8, parallel))]
         self._proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
 
     def _wait_ready(self) -> None:
         import http.client

@@ -210,3 +210,8 @@ class SettingError(TargetError, ValueError):
     """A load setting or a call argument (sampling, prompt, token ids, messages) is of the
     wrong type or out of range. Checked before the runtime sees it; the message names the
     valid range. Also a ValueError, so code that catches bad arguments that way still does."""
+
+
+class BatchSettingError(SettingError):
+    """A setting the target's batched runtime cannot honour (a quantized KV cache its batch
+    lacks): the same load without ``parallel`` takes it."""

@@ -175,11 +175,13 @@ def run_loadtest(
             records, duration = closed_loop(server, plan, int(value), body, stop=stop)
         else:
             records, duration = open_loop(server, plan, value, body, stop=stop)
+        if _stopped(stop):
+            break  # cut short: its figures would mix finished and cut requests
         energy = None
         if before is not None and not _wait(stop, SETTLE_S):
             energy = energy_between(before, read_power(server))
-        if _stopped(stop):
-            break  # cut short: its figures would mix finished and cut requests
+        # stopped while the server's power reading settled: every request ended, so the
+        # level stands, without its energy
         levels.append(summarize(mode, value, records, duration, energy))
         if level_done is not None:
             level_done(levels[-1])

@@ -44,6 +44,12 @@ class BatchStats:
     waiting: int
 
 
+def _loop_stopped() -> GenerationError:
+    return GenerationError(
+        "the batch loop stopped", hint="load the model again; run with -v to see why it stopped"
+    )
+
+
 class _Forget:
     """One ``forget_prefixes`` call waiting for the loop thread."""
 
@@ -56,7 +62,11 @@ class _Forget:
             runtime.forget_prefixes()
         except Exception as exc:  # noqa: BLE001 - the caller gets it, the loop goes on
             self.error = mapped_error(exc, "dropping the cached prefixes")
-        self.done.set()
+        except BaseException as exc:  # the loop stops on it: the caller must not hang
+            self.error = mapped_error(exc, "dropping the cached prefixes")
+            raise
+        finally:
+            self.done.set()
 
     def fail(self, error: BaseException) -> None:
         self.error = error
@@ -175,12 +185,18 @@ class BatchLoop:
                         self._cond.wait()
                     if self._stopping:
                         break
-                    forget, self._forget = self._forget, []
                     self._retire()
                     self._admit()
                     busy = bool(self._running)
-                for request in forget:
-                    request.run(self._runtime)
+                    # taken last, and each one's waiter is woken whatever happens in it
+                    forget, self._forget = self._forget, []
+                try:
+                    for request in forget:
+                        request.run(self._runtime)
+                finally:  # one that raised through stops the loop: the rest are woken
+                    for request in forget:
+                        if not request.done.is_set():
+                            request.fail(_loop_stopped())
                 if busy:
                     self._step()
         except BaseException as exc:  # a bug here must not leave every reader waiting

@@ -243,7 +243,7 @@ class LlamaCppBatch:
                 is free, or ``request.rid`` is running already.
         """
         ctx = self._open()
-        running = {s.rid for s in self._slots if s.busy}
+        running = {s.rid for s in self._slots if s.rid is not None}
         check_admission(
             request, context=self._context, slots=self.slots, running=running, busy=len(running)
         )

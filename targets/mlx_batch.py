@@ -55,7 +55,7 @@ from edgekit.targets.batching import SeqRequest, SeqStep, check_admission
 from edgekit.targets.mlx_runtime import MAX_PARALLEL, generation_seed, sampler_for
 from edgekit.targets.runtime_calls import backend_errors
 
-from edgekit.errors import GenerationError, SettingError
+from edgekit.errors import BatchSettingError, GenerationError
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,8 @@ def refuse_quantized_cache(kv_cache: str, *, recorded: bool = False) -> None:
         raise _quantized(f"kv_cache {kv_cache}{whose}")
 
 
-def _quantized(what: str) -> SettingError:
-    return SettingError(
+def _quantized(what: str) -> BatchSettingError:
+    return BatchSettingError(
         f"{what} cannot run parallel streams: mlx-lm 0.31's BatchGenerator batches only an "
         "unquantized KV cache (it has no batched QuantizedKVCache)",
         hint="load with kv_cache='f16' to serve several streams, or without parallel to "

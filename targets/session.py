@@ -81,8 +81,9 @@ class Session(ClosedOnExit):
 
     def _use_batching(self, runtime: BatchRuntime) -> None:
         """From now on generations run through ``runtime``, several at once, on a loop
-        thread of their own (targets/batch_loop.py); ``logits`` and ``clear_cache`` keep
-        the single-stream runtime. A target's ``load`` calls this for ``parallel`` > 1."""
+        thread of their own (targets/batch_loop.py); ``logits`` keeps the single-stream
+        runtime, ``clear_cache`` clears it and the batch's kept prefixes. A target's ``load``
+        calls this for ``parallel`` > 1."""
         self._batch = BatchLoop(runtime, self)
 
     @property

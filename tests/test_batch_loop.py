@@ -380,3 +380,29 @@ def test_clear_cache_drops_the_batch_prefixes_on_the_loop_thread(batch: FakeBatc
         assert session.generate("next", max_tokens=3, temperature=0).text == expected("next", 3)
     with pytest.raises(GenerationError, match="closed"):
         session.clear_cache()
+
+
+def test_clear_cache_never_hangs_when_the_runtime_stops_the_loop(batch: FakeBatch) -> None:
+    class Fatal(BaseException):
+        pass
+
+    def fatal() -> None:
+        raise Fatal("the runtime broke the loop")
+
+    batch.forget_prefixes = fatal  # type: ignore[method-assign]
+    with ByteSession(batch) as session:
+        done: list[BaseException] = []
+
+        def clear() -> None:
+            try:
+                session.clear_cache()
+            except GenerationError as exc:
+                done.append(exc)
+
+        t = threading.Thread(target=clear)
+        t.start()
+        t.join(5)
+        assert not t.is_alive(), "clear_cache hung"
+        assert done and "dropping the cached prefixes" in done[0].message
+        with pytest.raises(GenerationError):  # the loop is gone: said, not hung
+            session.generate("after", max_tokens=2, temperature=0)

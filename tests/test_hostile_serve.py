@@ -1215,6 +1215,33 @@ def test_serve_cli_parallel_defaults_to_the_plan(
     assert loads[-1].get("parallel") == want
 
 
+def test_serve_does_not_retry_a_setting_that_fails_alone_too(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A bad setting that has nothing to do with batching (threads out of range) is the
+    user's to see once, not a misleading fallback note and a second failed load."""
+    from click.testing import CliRunner
+
+    import edgekit
+    import edgekit.runtime
+    import edgekit.serve
+    from edgekit.cli import main
+    from edgekit.errors import SettingError
+
+    loads: list[dict[str, Any]] = []
+
+    def load(*a: Any, **k: Any) -> Any:
+        loads.append(k)
+        raise SettingError("threads 100000 is out of range", hint="pass 1 to 1024")
+
+    monkeypatch.setattr(edgekit, "load", load)
+    monkeypatch.setattr(edgekit.runtime, "suggest_parallel", lambda *a, **k: 4)
+    monkeypatch.setattr(edgekit.serve, "serve", lambda s, c: None)
+    result = CliRunner().invoke(main, ["serve", str(tmp_path / "b")])
+    assert result.exit_code != 0 and "out of range" in result.output
+    assert len(loads) == 1 and "serving one at a time" not in result.output
+
+
 @pytest.mark.parametrize("planned", [True, False])
 def test_serve_falls_back_to_one_stream_when_the_planned_batch_is_refused(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, planned: bool
@@ -1228,14 +1255,14 @@ def test_serve_falls_back_to_one_stream_when_the_planned_batch_is_refused(
     import edgekit.runtime
     import edgekit.serve
     from edgekit.cli import main
-    from edgekit.errors import SettingError
+    from edgekit.errors import BatchSettingError
 
     loads: list[dict[str, Any]] = []
 
     def load(*a: Any, **k: Any) -> Any:
         loads.append(k)
         if k.get("parallel"):
-            raise SettingError("kv_cache q8_0 cannot run batched", hint="load with f16")
+            raise BatchSettingError("kv_cache q8_0 cannot run batched", hint="load with f16")
         return _Loaded()
 
     monkeypatch.setattr(edgekit, "load", load)

@@ -4,8 +4,8 @@ The inputs are the command's (with its defaults); Start runs the sweep in a thre
 worker through ``edgekit.loadtest.run_loadtest``, so the library's rules hold as they do
 for the command: loopback only unless "--allow-remote" is ticked, each level bounded in
 requests and time, each request in time. A row appears as each level ends, with the
-figures (and their formatting) of the command's table. Stop ends the run at once: no
-request starts after it and the streams in flight are cut at their next line (one the
+figures (and their formatting) of the command's table. Stop ends the run: no request
+starts after it and the streams in flight are cut at their next line (one the
 server has not begun to answer ends with its first line, or its timeout); the levels
 that had ended stay. Failures (nothing listening, a refused URL, an input that does not
 parse) are notifications, through the workers' failure path.

@@ -105,6 +105,8 @@ class PlanPane(Vertical):
         try:
             budgets = self.budgets()
         except EdgekitError as exc:
+            # a plan still running for the previous budgets must not land over the error
+            self.workers.cancel_group(self, "plan")
             self.query_one("#plan-summary", Static).update(
                 content("[red]$message[/red] ($hint)", message=exc.message, hint=exc.hint)
             )

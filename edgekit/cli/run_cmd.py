@@ -41,6 +41,40 @@ def _load(
     return session
 
 
+def _load_to_serve(
+    bundle: Path,
+    variant: str | None,
+    device: str,
+    context: int | None,
+    threads: int | None,
+    force: bool,
+    parallel: int | None,
+    queue_size: int,
+) -> Any:
+    """The session ``serve`` runs: ``parallel`` streams, or the plan's when not given; the
+    plan's fall back to one at a time when they no longer fit, or the variant's settings
+    rule batching out (a quantized KV cache the target's batch lacks), saying why."""
+    from edgekit.errors import BatchSettingError, InsufficientMemoryError
+
+    planned = parallel is None
+    if planned:  # the plan's: the streams whose KV caches fit beside the weights
+        parallel = _planned_parallel(bundle, variant, device, context, queue_size)
+    try:
+        return _load(bundle, variant, device, context, threads, force, parallel)
+    except (InsufficientMemoryError, BatchSettingError) as exc:
+        if not planned or not parallel or parallel <= 1:
+            raise
+        why = (
+            "no longer fit"
+            if isinstance(exc, InsufficientMemoryError)
+            else f"cannot run together here ({exc.message})"
+        )
+        err_console.print(
+            render.text(f"note: {parallel} streams {why}; serving one at a time", "dim")
+        )
+        return _load(bundle, variant, device, context, threads, force, None)
+
+
 def _planned_parallel(
     bundle: Path, variant: str | None, device: str, context: int | None, queue_size: int
 ) -> int | None:
@@ -312,7 +346,7 @@ def serve_command(
     from dataclasses import replace
 
     import edgekit.serve
-    from edgekit.errors import InsufficientMemoryError, ServeError, SettingError
+    from edgekit.errors import ServeError
     from edgekit.serve_config import ServeConfig, is_loopback
 
     if parallel is not None and queue_size < parallel:
@@ -343,26 +377,7 @@ def serve_command(
                 "who can reach this port can use the model",
             )
         )
-    planned = parallel is None
-    if planned:  # the plan's: the streams whose KV caches fit beside the weights
-        parallel = _planned_parallel(bundle, variant, device, context, queue_size)
-    try:
-        session = _load(bundle, variant, device, context, threads, force, parallel)
-    except (InsufficientMemoryError, SettingError) as exc:
-        if not planned or not parallel or parallel <= 1:
-            raise
-        # The memory free moved between the plan and the load, or the variant's settings
-        # rule batching out (a quantized KV cache the target's batch lacks): serve one at
-        # a time, saying why.
-        why = (
-            "no longer fit"
-            if isinstance(exc, InsufficientMemoryError)
-            else f"cannot run together here ({exc.message})"
-        )
-        err_console.print(
-            render.text(f"note: {parallel} streams {why}; serving one at a time", "dim")
-        )
-        session = _load(bundle, variant, device, context, threads, force, None)
+    session = _load_to_serve(bundle, variant, device, context, threads, force, parallel, queue_size)
     with session:
         name = session.bundle.manifest.name
         err_console.print(
