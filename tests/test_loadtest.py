@@ -363,3 +363,30 @@ def test_stop_ends_an_open_loop_run_and_a_warm_up(fake: FakeOpenAI) -> None:
     # set before the start: the models are listed, nothing is sent, nothing is raised
     assert run_loadtest(_plan(fake.url), stop=stop).levels == ()
     assert fake.count <= 2
+
+
+def test_stop_while_the_power_reading_settles_keeps_the_level_without_energy(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every request of the level ended before Stop: the level stands, only its energy
+    (read after the settle) is left out."""
+    import edgekit.loadtest as lt
+
+    reading = lt.PowerReading(
+        t=0.0, sensor="rapl", measured=True, energy_j=0.0, generation_j=0.0, tokens=0.0
+    )
+    monkeypatch.setattr(lt, "read_power", lambda server: reading)
+    stop = threading.Event()
+    real_loop = lt.closed_loop
+
+    def then_stop(*a: Any, **k: Any) -> Any:
+        out = real_loop(*a, **k)
+        threading.Timer(0.1, stop.set).start()  # during the settle wait that follows
+        return out
+
+    monkeypatch.setattr(lt, "closed_loop", then_stop)
+    started = time.monotonic()
+    result = run_loadtest(_plan(fake.url, concurrency=(1, 2), requests=2), stop=stop)
+    assert time.monotonic() - started < lt.SETTLE_S  # the settle was cut short
+    assert [lv.label() for lv in result.levels] == ["1 client"]
+    assert result.levels[0].ok == 2 and result.levels[0].energy is None
