@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from edgekit.targets.batch_text import TokenText
 from edgekit.targets.batching import SeqStep
 from edgekit.targets.generation import PromptMaker
-from edgekit.targets.handles import GenerationHandle, HandleState
-from edgekit.targets.values import FinishReason, Generation, Sampling, StreamChunk
+from edgekit.targets.handles import RecordedGeneration
+from edgekit.targets.values import FinishReason, Sampling, StreamChunk
 
 from edgekit.errors import EdgekitError, GenerationError
 
@@ -43,40 +43,25 @@ def mapped_error(exc: BaseException, what: str) -> BaseException:
 Event = SeqStep | End
 
 
-class BatchedGeneration(GenerationHandle):
+class BatchedGeneration(RecordedGeneration):
     """One generation of a batched session. Its reader's first ``next()`` makes the prompt
     and queues the request; each ``next()`` then returns the next chunk the loop gave it
     (waiting for it). ``cancel``/``close`` from any thread: a queued request leaves the
     queue, a running one leaves the batch at the next step; close returns at once."""
 
     def __init__(self, loop: BatchLoop, prompt: PromptMaker, sampling: Sampling) -> None:
+        super().__init__()
         self._loop = loop
         self._make_prompt = prompt
         self.sampling = sampling
         self.rid = 0
         self.prompt_ids: tuple[int, ...] = ()
         self._events: queue.Queue[Event | None] = queue.Queue()
-        self._state: HandleState = "pending"
-        self._started = False
         self.withdrawn = False  # cancelled or closed: the loop drops it
         self.done = False  # it ended here (stop string, max_tokens): the loop frees it
-        self._closed = False
-        self._ended = False
         self._text: TokenText | None = None
-        self._pieces: list[str] = []
-        self._count = 0
-        self._reason: FinishReason | None = None
-        self._error: BaseException | None = None
         self.cached_tokens = 0  # prompt tokens the runtime reused from a cached prefix
         self.token_ids: list[int] = []  # the generated ids, as the runtime gave them
-
-    @property
-    def state(self) -> HandleState:
-        return self._state
-
-    @property
-    def started(self) -> bool:
-        return self._started
 
     @property
     def prompt_tokens(self) -> int:
@@ -209,18 +194,6 @@ class BatchedGeneration(GenerationHandle):
             self._events.put(None)  # wake a reader waiting for its next chunk
         if self._state == "pending":
             self._ended, self._state = True, "closed"
-
-    def result(self) -> Generation:
-        for _ in self:
-            pass
-        if self._error is not None:
-            raise self._error
-        return Generation(
-            text="".join(self._pieces),
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self._count,
-            finish_reason=self._reason or ("cancelled" if self._closed else "length"),
-        )
 
     def __del__(self) -> None:
         # a dropped stream leaves the batch: the loop holds it weakly, and drops its slot

@@ -15,10 +15,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from edgekit.targets.handles import CancelToken, GenerationHandle, HandleState
+from edgekit.targets.handles import CancelToken, RecordedGeneration
 from edgekit.targets.runtime_calls import close_iterator
 from edgekit.targets.scheduler import Ticket
-from edgekit.targets.values import FinishReason, Generation, Sampling, StreamChunk
+from edgekit.targets.values import Sampling, StreamChunk
 
 if TYPE_CHECKING:
     from edgekit.targets.session import Session
@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 PromptMaker = Callable[[], list[int]]
 
 
-class LocalGeneration(GenerationHandle):
+class LocalGeneration(RecordedGeneration):
     def __init__(self, session: Session, prompt: PromptMaker, sampling: Sampling) -> None:
+        super().__init__()
         self._session = session
         self._scheduler = session._scheduler
         self._make_prompt = prompt
@@ -37,25 +38,9 @@ class LocalGeneration(GenerationHandle):
         self._ticket = Ticket(cancel=self._token, generation=self)
         self._step = threading.Lock()  # held by the thread inside __next__
         self._chunks: Iterator[StreamChunk] | None = None
-        self._state: HandleState = "pending"
-        self._started = False
-        self._closed = False
-        self._ended = False  # no chunk will come any more
         self._prompt = 0
-        self._text: list[str] = []
-        self._count = 0
-        self._reason: FinishReason | None = None
-        self._error: BaseException | None = None
 
     # --- what callers read ---------------------------------------------------------------
-
-    @property
-    def state(self) -> HandleState:
-        return self._state
-
-    @property
-    def started(self) -> bool:
-        return self._started
 
     @property
     def prompt_tokens(self) -> int:
@@ -84,18 +69,6 @@ class LocalGeneration(GenerationHandle):
             finally:
                 self._step.release()
         # else: the reader inside __next__ ends the stream when its token is done
-
-    def result(self) -> Generation:
-        for _ in self:
-            pass
-        if self._error is not None:
-            raise self._error
-        return Generation(
-            text="".join(self._text),
-            prompt_tokens=self._prompt,
-            completion_tokens=self._count,
-            finish_reason=self._reason or ("cancelled" if self._closed else "length"),
-        )
 
     def __del__(self) -> None:
         # A dropped stream gives the session back (the scheduler refers to it weakly).
@@ -160,7 +133,7 @@ class LocalGeneration(GenerationHandle):
         if self._closed:  # closed from another thread during this step
             self._finish()
             raise StopIteration
-        self._text.append(chunk.text)
+        self._pieces.append(chunk.text)
         self._count += chunk.tokens
         if chunk.finish_reason is not None:
             self._reason = chunk.finish_reason

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Literal, Self
 
-from edgekit.targets.values import Generation, StreamChunk
+from edgekit.targets.values import FinishReason, Generation, StreamChunk
 
 HandleState = Literal["pending", "queued", "running", "finished", "closed"]
 
@@ -112,3 +112,39 @@ class GenerationHandle(ClosedOnExit, Iterator[StreamChunk]):
     def result(self) -> Generation:
         """Read what is left of the stream and return the whole generation (what was
         already iterated is included). Re-raises the generation's failure."""
+
+
+class RecordedGeneration(GenerationHandle):
+    """A handle that keeps what its stream said (the text pieces, the token count, why it
+    ended or the error it failed with) as its chunks go by, so ``result`` is one thing for
+    every kind of generation."""
+
+    def __init__(self) -> None:
+        self._state: HandleState = "pending"
+        self._started = False
+        self._closed = False
+        self._ended = False  # no chunk will come any more
+        self._pieces: list[str] = []
+        self._count = 0
+        self._reason: FinishReason | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def state(self) -> HandleState:
+        return self._state
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def result(self) -> Generation:
+        for _ in self:
+            pass
+        if self._error is not None:
+            raise self._error
+        return Generation(
+            text="".join(self._pieces),
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self._count,
+            finish_reason=self._reason or ("cancelled" if self._closed else "length"),
+        )
