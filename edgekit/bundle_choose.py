@@ -25,6 +25,7 @@ from edgekit.errors import (
 )
 from edgekit.inspection import inspect_model
 from edgekit.manifest import OpenedBundle, Variant
+from edgekit.modelspec import ModelSpec
 from edgekit.targets.availability import target_status
 from edgekit.targets.contract import Target
 from edgekit.targets.registry import get_target
@@ -66,11 +67,9 @@ def variant_fit(
         UnsupportedConversionError: the variant's quantization is not one its format
             lists, so its memory cannot be predicted.
     """
-    verify_variants(opened.folder, (variant,), checksums=False)
-    target = get_target(variant.target)
-    unit = unit_kind(target, device)
+    spec, target, unit = _built(opened, variant, device)
     return load_fit(
-        inspect_model(opened.variant_path(variant)),
+        spec,
         target,
         variant.quant,
         context=context or variant.runtime.context,
@@ -100,11 +99,9 @@ def variant_parallel(
     Raises:
         BundleIntegrityError, TargetError, UnsupportedConversionError: as ``variant_fit``.
     """
-    verify_variants(opened.folder, (variant,), checksums=False)
-    target = get_target(variant.target)
-    unit = unit_kind(target, device)
+    spec, target, unit = _built(opened, variant, device)
     return load_streams(
-        inspect_model(opened.variant_path(variant)),
+        spec,
         target,
         variant.quant,
         context=context or variant.runtime.context,
@@ -115,6 +112,16 @@ def variant_parallel(
         calibrate_for=this_host_key(),
         cap=target.host_memory_cap(unit),
     )
+
+
+def _built(
+    opened: OpenedBundle, variant: Variant, device: str
+) -> tuple[ModelSpec, type[Target], str]:
+    """``variant``'s files checked (sizes), read as a model, with its target and the unit
+    ``device`` selects: what both admission figures start from."""
+    verify_variants(opened.folder, (variant,), checksums=False)
+    target = get_target(variant.target)
+    return inspect_model(opened.variant_path(variant)), target, unit_kind(target, device)
 
 
 def _candidates(

@@ -85,6 +85,23 @@ class VariantMemory:
     parallel: int = 1
 
 
+def _variant_parts(
+    spec: ModelSpec,
+    target: type[Target],
+    quant: str,
+    context: int,
+    kv_cache: str,
+    unit_kind: str,
+    calibrate_for: str | None,
+) -> tuple[int, int, Coefficients]:
+    """The built variant's weight bytes, one stream's KV cache bytes at ``context``, and
+    the coefficients its memory is predicted with (load's formula, used by the two below)."""
+    c = variant_coefficients(spec, target, unit_kind, calibrate_for=calibrate_for)
+    weights = target.format.built_layout(spec, quant).total_bytes
+    kv = kv_cache_bytes(spec, context, kv_cache, layout=target.kv_cache)
+    return weights, kv, c
+
+
 def memory_parts(
     spec: ModelSpec,
     target: type[Target],
@@ -100,9 +117,9 @@ def memory_parts(
     ``target`` in ``quant``, loaded on ``unit_kind`` at ``context`` with ``parallel``
     streams, part by part: what load admits by, and what pack records as a variant's
     predicted memory when no plan predicted it."""
-    c = variant_coefficients(spec, target, unit_kind, calibrate_for=calibrate_for)
-    weights = target.format.built_layout(spec, quant).total_bytes
-    kv = kv_cache_bytes(spec, context, kv_cache, layout=target.kv_cache)
+    weights, kv, c = _variant_parts(
+        spec, target, quant, context, kv_cache, unit_kind, calibrate_for
+    )
     return VariantMemory(
         weights_bytes=weights,
         kv_cache_bytes=kv,
@@ -134,9 +151,9 @@ def load_streams(
     Raises:
         TargetError, UnsupportedConversionError: as ``load_fit``.
     """
-    c = variant_coefficients(spec, target, unit_kind, calibrate_for=calibrate_for)
-    weights = target.format.built_layout(spec, quant).total_bytes
-    kv = kv_cache_bytes(spec, context, kv_cache, layout=target.kv_cache)
+    weights, kv, c = _variant_parts(
+        spec, target, quant, context, kv_cache, unit_kind, calibrate_for
+    )
     limit = min(available_bytes, cap.bytes) if cap is not None else available_bytes
     return streams_that_fit(
         weights,
